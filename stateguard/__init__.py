@@ -1,0 +1,69 @@
+"""StateGuard: sagas for AI agents that act on the real world.
+
+``from stateguard import StateGuardCheckpointer`` and compile a LangGraph graph with it: every
+step is journaled, invariants are checked after each step, and when a step fails, an invariant
+breaks or an operator says so, the compensations of the steps that happened run newest first,
+retried and idempotent. ``GuardedState`` does the same for plain Python code.
+"""
+
+from stateguard.checkpointer import StateGuardCheckpointer
+from stateguard.context import ExceptionContext, InvariantInfo
+from stateguard.dropin import StateGuardWarning
+from stateguard.events import Event
+from stateguard.exceptions import (
+    ApprovalRejected,
+    CompensationFailed,
+    ConfigurationError,
+    InvalidRunState,
+    InvariantViolation,
+    RunLocked,
+    RunNotFound,
+    SagaAborted,
+    StateGuardError,
+)
+from stateguard.guarded_state import GuardedState
+from stateguard.journal import InMemoryJournal, Journal
+from stateguard.records import (
+    ApprovalStatus,
+    CompensationStatus,
+    ErrorInfo,
+    RunStatus,
+    RunView,
+    StepStatus,
+)
+from stateguard.report import CompensationOutcome, UnwindReport
+from stateguard.retry import CompensationRetry
+from stateguard.spec import Compensation, Invariant
+from stateguard.sqlite_journal import SqliteJournal
+
+__all__ = [
+    "ApprovalRejected",
+    "ApprovalStatus",
+    "Compensation",
+    "CompensationFailed",
+    "CompensationOutcome",
+    "CompensationRetry",
+    "CompensationStatus",
+    "ConfigurationError",
+    "ErrorInfo",
+    "Event",
+    "ExceptionContext",
+    "GuardedState",
+    "InMemoryJournal",
+    "InvalidRunState",
+    "Invariant",
+    "InvariantInfo",
+    "InvariantViolation",
+    "Journal",
+    "RunLocked",
+    "RunNotFound",
+    "RunStatus",
+    "RunView",
+    "SagaAborted",
+    "SqliteJournal",
+    "StateGuardCheckpointer",
+    "StateGuardError",
+    "StateGuardWarning",
+    "StepStatus",
+    "UnwindReport",
+]

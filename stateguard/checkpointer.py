@@ -1,0 +1,159 @@
+"""``StateGuardCheckpointer``: a LangGraph checkpoint saver that turns a graph into a saga."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+from langgraph.checkpoint.memory import InMemorySaver
+
+from stateguard.core import GuardCore
+from stateguard.dropin import DropInObserver
+from stateguard.events import EventCallback
+from stateguard.exceptions import ConfigurationError
+from stateguard.journal import Journal
+from stateguard.retry import CompensationRetry
+from stateguard.runner import GuardRunner
+
+
+class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
+    """Wraps any LangGraph checkpoint saver and adds invariants, compensations and approvals.
+
+    Drop-in (observes through the checkpointer; see ``stateguard.dropin`` for what holds)::
+
+        checkpointer = StateGuardCheckpointer(
+            invariants=[no_negative_balance],
+            compensations={"charge_user": refund_stripe_charge},
+        )
+        graph = builder.compile(checkpointer=checkpointer)
+        graph.invoke({...}, {"configurable": {"thread_id": "t1"}})
+
+    Guarded (enforces in every durability mode; what the web app uses)::
+
+        graph = checkpointer.compile(builder)
+        checkpointer.invoke(graph, {...}, {"configurable": {"thread_id": "t1"}})
+        checkpointer.approve(graph, config, by="alice")
+
+    ``compensations`` keys are node names or tags declared on nodes with
+    ``builder.add_node(name, fn, metadata={"tags": ["payment"]})``. A node without a compensation
+    is treated as having no external effect: nothing is undone for it.
+    """
+
+    def __init__(self, saver: BaseCheckpointSaver[Any] | None = None, *,
+                 invariants: Iterable[Any] = (),
+                 compensations: Mapping[str, Any] | None = None,
+                 approvals: Iterable[str] | Mapping[str, Any] | None = None,
+                 compensation_retry: CompensationRetry | None = None,
+                 journal: Journal | None = None, on_event: EventCallback | None = None,
+                 on_error: Literal["compensate", "hold"] = "compensate",
+                 lease_ttl: float = 60.0) -> None:
+        if saver is None:
+            saver = InMemorySaver()
+        if not isinstance(saver, BaseCheckpointSaver):
+            raise ConfigurationError(f"saver must be a LangGraph BaseCheckpointSaver, not {saver!r}")
+        if isinstance(saver, StateGuardCheckpointer):
+            raise ConfigurationError("a StateGuardCheckpointer cannot wrap another one")
+        if on_error not in ("compensate", "hold"):
+            raise ConfigurationError("on_error must be 'compensate' or 'hold'")
+        super().__init__(serde=saver.serde)
+        self.saver = saver
+        self.core = GuardCore(invariants=invariants, compensations=compensations,
+                              approvals=approvals, compensation_retry=compensation_retry,
+                              journal=journal, on_event=on_event, lease_ttl=lease_ttl)
+        self.on_error = on_error
+        self._observer = DropInObserver(self.core)
+
+    @property
+    def journal(self) -> Journal:
+        return self.core.journal
+
+    # -- delegation, sync -------------------------------------------------------------------
+    @property
+    def config_specs(self) -> list[Any]:
+        return list(self.saver.config_specs)
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._observer.on_run_start(config)
+        return self.saver.get_tuple(config)
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None
+             ) -> Iterator[CheckpointTuple]:
+        return self.saver.list(config, filter=filter, before=before, limit=limit)
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        if self._observer.mode(config) is None:
+            return self.saver.put(config, checkpoint, metadata, new_versions)
+        run_id = str(config["configurable"]["thread_id"])
+        with self._observer.tracking(run_id):
+            saved = self.saver.put(config, checkpoint, metadata, new_versions)
+            self._observer.after_put(config, checkpoint, metadata)
+        return saved
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        if self._observer.mode(config) is None:
+            self.saver.put_writes(config, writes, task_id, task_path)
+            return
+        with self._observer.tracking(str(config["configurable"]["thread_id"])):
+            self.saver.put_writes(config, writes, task_id, task_path)
+            self._observer.after_put_writes(config, writes, task_id, task_path)
+
+    def delete_thread(self, thread_id: str) -> None:
+        self.saver.delete_thread(thread_id)
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        return self.saver.get_next_version(current, channel)
+
+    def with_allowlist(self, extra_allowlist: Any) -> StateGuardCheckpointer:
+        # Strict msgpack mode calls this at compile(); keep the guard, swap in the new saver.
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone.saver = self.saver.with_allowlist(extra_allowlist)
+        clone.serde = clone.saver.serde
+        return clone
+
+    # -- delegation, async ------------------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._observer.on_run_start(config)
+        return await self.saver.aget_tuple(config)
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None
+                    ) -> AsyncIterator[CheckpointTuple]:
+        async for item in self.saver.alist(config, filter=filter, before=before, limit=limit):
+            yield item
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
+                   metadata: CheckpointMetadata, new_versions: ChannelVersions
+                   ) -> RunnableConfig:
+        if self._observer.mode(config) is None:
+            return await self.saver.aput(config, checkpoint, metadata, new_versions)
+        run_id = str(config["configurable"]["thread_id"])
+        with self._observer.tracking(run_id):
+            saved = await self.saver.aput(config, checkpoint, metadata, new_versions)
+            await asyncio.to_thread(self._observer.after_put, config, checkpoint, metadata)
+        return saved
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                          task_id: str, task_path: str = "") -> None:
+        if self._observer.mode(config) is None:
+            await self.saver.aput_writes(config, writes, task_id, task_path)
+            return
+        with self._observer.tracking(str(config["configurable"]["thread_id"])):
+            await self.saver.aput_writes(config, writes, task_id, task_path)
+            await asyncio.to_thread(self._observer.after_put_writes, config, writes, task_id,
+                                    task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self.saver.adelete_thread(thread_id)

@@ -1,0 +1,103 @@
+"""StateGuard's exceptions.
+
+The tree::
+
+    StateGuardError
+    ├── ConfigurationError (ValueError)   bad invariants, compensations or approvals, at construction
+    ├── RunLocked (RuntimeError)          another process holds the run's lease
+    ├── RunNotFound (LookupError)         no journaled run under that id
+    ├── InvalidRunState (RuntimeError)    the operator action does not fit the run's status
+    ├── InvariantViolation (RuntimeError) an invariant failed after (or before) a node
+    ├── ApprovalRejected (RuntimeError)   an operator rejected a gated step
+    ├── CompensationFailed                a compensation failed on every attempt
+    └── SagaAborted (RuntimeError)        the run stopped and was unwound; carries the report
+
+The ones raised *inside* a LangGraph node subclass ``RuntimeError`` on purpose: LangGraph's default
+``RetryPolicy`` retries any other ``Exception`` subclass, and re-running a node because an invariant
+failed would repeat its external effect.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stateguard.report import UnwindReport
+
+
+class StateGuardError(Exception):
+    """Base class of every error StateGuard raises."""
+
+
+class ConfigurationError(StateGuardError, ValueError):
+    """The guard was configured with something it cannot use (raised at construction)."""
+
+
+class RunLocked(StateGuardError, RuntimeError):
+    """Another owner holds the run's lease; try again later or let the sweeper recover it."""
+
+    def __init__(self, run_id: str, owner: str | None = None) -> None:
+        self.run_id = run_id
+        self.owner = owner
+        held = f" by {owner!r}" if owner else ""
+        super().__init__(f"run {run_id!r} is locked{held}")
+
+
+class RunNotFound(StateGuardError, LookupError):
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no run {run_id!r} in the journal")
+
+
+class InvalidRunState(StateGuardError, RuntimeError):
+    """An operator action that does not fit the run's current status."""
+
+
+class InvariantViolation(StateGuardError, RuntimeError):
+    """An invariant did not hold on the state after ``node``'s writes (or before ``node`` ran)."""
+
+    def __init__(self, invariant: str, message: str, *, node: str | None = None,
+                 phase: str = "after") -> None:
+        self.invariant = invariant
+        self.message = message
+        self.node = node
+        self.phase = phase
+        where = f" {phase} node {node!r}" if node else ""
+        super().__init__(f"invariant {invariant!r} violated{where}: {message}")
+
+
+class ApprovalRejected(StateGuardError, RuntimeError):
+    def __init__(self, node: str, *, by: str | None = None, reason: str = "") -> None:
+        self.node = node
+        self.by = by
+        self.reason = reason
+        who = f" by {by}" if by else ""
+        why = f": {reason}" if reason else ""
+        super().__init__(f"approval of node {node!r} rejected{who}{why}")
+
+
+class CompensationFailed(StateGuardError):
+    """A compensation raised on every attempt; ``errors`` holds one message per attempt."""
+
+    def __init__(self, node: str, errors: list[str]) -> None:
+        self.node = node
+        self.errors = errors
+        super().__init__(f"compensation of {node!r} failed {len(errors)} time(s): {errors[-1:]}")
+
+
+class SagaAborted(StateGuardError, RuntimeError):
+    """The run stopped (error, violation, rejection or an operator) and its steps were unwound.
+
+    ``cause`` is what stopped it; ``report`` says what each compensation did. When the report's
+    ``needs_attention`` is true, at least one effect could not be undone and an operator must look.
+    """
+
+    def __init__(self, cause: BaseException | None, report: UnwindReport,
+                 *, reason: str | None = None) -> None:
+        self.cause = cause
+        self.report = report
+        what = reason or (f"{type(cause).__name__}: {cause}" if cause else "operator request")
+        super().__init__(f"saga {report.run_id!r} aborted by {what}; {report.summary()}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.cause, self.report))

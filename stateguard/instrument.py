@@ -1,0 +1,164 @@
+"""Node instrumentation: the enforcing half of StateGuard for LangGraph graphs.
+
+Each node of the builder is wrapped so that, around the node body, in every durability mode:
+1. an approval gate pauses the run *before* the body (``interrupt()`` re-runs the whole node on
+   resume, so gating inside the body would repeat its effect);
+2. invariants are checked on the input state (catching the combined writes of parallel nodes);
+3. a "step started" row is journaled, so a crash leaves a visible in-doubt step;
+4. the body runs;
+5. invariants are checked on ``state + update`` computed with the graph's reducers; a violation
+   raises ``InvariantViolation`` (a ``RuntimeError``, which LangGraph neither retries nor applies).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.channels.base import BaseChannel
+from langgraph.errors import GraphBubbleUp
+from langgraph.graph import StateGraph
+from langgraph.types import interrupt
+
+from stateguard.events import Event, emit
+from stateguard.exceptions import ApprovalRejected, InvariantViolation
+from stateguard.records import ApprovalRecord, ApprovalStatus, ErrorInfo, StepStatus
+from stateguard.state import apply_update, as_dict, update_of
+
+if TYPE_CHECKING:
+    from stateguard.core import GuardCore
+
+# Marks a config whose graph was compiled by the guard, so the checkpointer's observation hooks
+# (the drop-in path) stand aside and the wrappers alone journal the steps.
+INSTRUMENTED_KEY = "__stateguard_instrumented"
+# Marks a run driven by the guard's runner (guard.invoke & co.), which unwinds by itself.
+RUNNER_KEY = "__stateguard_runner"
+_TASK_ID_KEY = "__pregel_task_id"
+NODE_ATTR = "stateguard_node"  # set on exceptions raised by a node, naming it
+
+
+def node_tags(metadata: Mapping[str, Any] | None) -> tuple[str, ...]:
+    tags = (metadata or {}).get("tags", ())
+    return (tags,) if isinstance(tags, str) else tuple(str(t) for t in tags)
+
+
+def instrument(builder: StateGraph[Any, Any, Any, Any], core: GuardCore) -> StateGraph[Any, Any, Any, Any]:
+    """A shallow copy of ``builder`` whose nodes are wrapped; the caller's builder is untouched."""
+    from langgraph._internal._runnable import RunnableCallable
+
+    nodes = {name: tuple(node_tags(spec.metadata)) for name, spec in builder.nodes.items()}
+    core.spec.validate_names(nodes)
+    guarded = copy.copy(builder)
+    guarded.nodes = {}
+    for name, spec in builder.nodes.items():
+        wrapper = _NodeWrapper(name, nodes[name], spec.runnable, core, builder.channels)
+        runnable = RunnableCallable(wrapper.run, wrapper.arun, name=name, trace=False,
+                                    recurse=False)
+        guarded.nodes[name] = dataclasses.replace(spec, runnable=runnable)
+    return guarded
+
+
+class _NodeWrapper:
+    def __init__(self, name: str, tags: tuple[str, ...], inner: Any, core: GuardCore,
+                 channels: Mapping[str, BaseChannel]) -> None:
+        self.name, self.tags, self.inner, self.core, self.channels = (
+            name, tags, inner, core, channels)
+        self.approval = core.spec.approvals.get(name, False)
+
+    def run(self, state: Any, config: RunnableConfig) -> Any:
+        run_id, step_id, values = self._before(state, config)
+        try:
+            result = self.inner.invoke(state, config)
+        except BaseException as exc:
+            self._failed(run_id, step_id, exc)
+            raise
+        return self._after(run_id, step_id, values, result)
+
+    async def arun(self, state: Any, config: RunnableConfig) -> Any:
+        run_id, step_id, values = self._before(state, config)
+        try:
+            result = await self.inner.ainvoke(state, config)
+        except BaseException as exc:
+            self._failed(run_id, step_id, exc)
+            raise
+        return self._after(run_id, step_id, values, result)
+
+    def _before(self, state: Any, config: RunnableConfig) -> tuple[str, str, dict[str, Any]]:
+        conf = config.get("configurable", {})
+        run_id, step_id = str(conf["thread_id"]), str(conf[_TASK_ID_KEY])
+        values = as_dict(state)
+        core = self.core
+        if self.approval is not False:
+            self._gate(run_id, step_id, values)
+        found = core.spec.first_violation(values)
+        if found is not None:
+            exc = InvariantViolation(found[0].name, found[1], node=self.name, phase="before")
+            emit(core.on_event, Event("invariant.violated", run_id, self.name, step_id,
+                                      {"invariant": found[0].name, "message": found[1],
+                                       "phase": "before"}))
+            _tag(exc, self.name)
+            raise exc
+        core.renew_lease(run_id)
+        _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags)
+        emit(core.on_event, Event("step.started", run_id, self.name, step_id,
+                                  {"in_doubt_rerun": previous == StepStatus.STARTED}))
+        return run_id, step_id, values
+
+    def _gate(self, run_id: str, step_id: str, values: dict[str, Any]) -> None:
+        predicate = self.approval
+        if callable(predicate) and not predicate(values):
+            return
+        journal = self.core.journal
+        approval = journal.approval_request(ApprovalRecord(
+            run_id, step_id, self.name, payload={"node": self.name, "state": values}))
+        if approval.status == ApprovalStatus.APPROVED:
+            return
+        if approval.status == ApprovalStatus.REJECTED:
+            raise _tag(ApprovalRejected(self.name, by=approval.decided_by,
+                                        reason=approval.reason), self.name)
+        emit(self.core.on_event, Event("approval.requested", run_id, self.name, step_id,
+                                       {"payload": approval.payload}))
+        interrupt({"stateguard": "approval", "run_id": run_id, "node": self.name,
+                   "step_id": step_id})
+
+    def _failed(self, run_id: str, step_id: str, exc: BaseException) -> None:
+        if isinstance(exc, GraphBubbleUp):  # the node paused itself; it will run again
+            status, error = StepStatus.FAILED, ErrorInfo("Interrupted", "node paused")
+        else:
+            status, error = StepStatus.FAILED, ErrorInfo.from_exception(exc)
+            _tag(exc, self.name)
+        self.core.journal.step_finish(run_id, step_id, status, error=error)
+        if not isinstance(exc, GraphBubbleUp):
+            emit(self.core.on_event, Event("step.failed", run_id, self.name, step_id,
+                                           {"error": str(error)}))
+
+    def _after(self, run_id: str, step_id: str, values: dict[str, Any], result: Any) -> Any:
+        core = self.core
+        update = update_of(result)
+        after = apply_update(self.channels, values, update)
+        found = core.spec.first_violation(after)
+        if found is None:
+            core.journal.step_finish(run_id, step_id, StepStatus.SUCCEEDED, update=update,
+                                     state_after=after)
+            emit(core.on_event, Event("step.succeeded", run_id, self.name, step_id))
+            return result
+        invariant, message = found
+        exc = InvariantViolation(invariant.name, message, node=self.name)
+        # The body ran, so its effect happened: journal it as a step to compensate.
+        core.journal.step_finish(run_id, step_id, StepStatus.VIOLATED, update=update,
+                                 state_after=after, error=ErrorInfo.from_exception(exc))
+        emit(core.on_event, Event("invariant.violated", run_id, self.name, step_id,
+                                  {"invariant": invariant.name, "message": message}))
+        raise _tag(exc, self.name)
+
+
+def _tag(exc: BaseException, node: str) -> BaseException:
+    try:
+        setattr(exc, NODE_ATTR, node)
+    except AttributeError:  # exceptions with __slots__; the journal still names the node
+        pass
+    return exc
+

@@ -1,0 +1,188 @@
+"""The ``Journal`` protocol and ``InMemoryJournal``, its in-process implementation.
+
+A journal is StateGuard's memory of a run: which steps started and finished, which compensations
+ran and how every attempt went, which approvals are pending. The web app implements it over the
+Django ORM; ``SqliteJournal`` keeps it in a file that several processes share.
+
+Rules every implementation keeps (the saga's guarantees rest on them):
+- ``compensation_attempt`` is durable when it returns, so an unwind that is run again (after a
+  crash, or by an operator) skips compensations that already succeeded;
+- ``lock_acquire`` is atomic: two owners never both hold a run's lock;
+- ``approval_decide`` is atomic: only one decision turns a pending approval into a decided one.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any, Protocol, runtime_checkable
+
+from stateguard.records import (
+    ApprovalRecord,
+    ApprovalStatus,
+    AttemptRecord,
+    CompensationRecord,
+    CompensationStatus,
+    ErrorInfo,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    StepStatus,
+)
+
+
+@runtime_checkable
+class Journal(Protocol):
+    def run_begin(self, run_id: str) -> RunRecord:
+        """Return the run, creating it (status ``running``) if it is new."""
+
+    def run_get(self, run_id: str) -> RunRecord | None: ...
+
+    def run_set_status(self, run_id: str, status: RunStatus,
+                       error: ErrorInfo | None = None) -> None: ...
+
+    def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
+        """Take (or, for the same owner, extend) the run's lock; False if someone else holds it."""
+
+    def lock_release(self, run_id: str, owner: str) -> None: ...
+
+    def step_start(self, run_id: str, step_id: str, node: str,
+                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
+        """Record that a step's body is about to run; return it and its previous status, if any."""
+
+    def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
+                    state_after: Any = None, error: ErrorInfo | None = None) -> None:
+        """Record a step's outcome; steps with an effect get the next completion number."""
+
+    def steps(self, run_id: str) -> list[StepRecord]: ...
+
+    def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
+        """Return the step's compensation record, creating it from ``record`` if there is none."""
+
+    def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
+                             status: CompensationStatus) -> None: ...
+
+    def compensations(self, run_id: str) -> list[CompensationRecord]: ...
+
+    def approval_request(self, record: ApprovalRecord) -> ApprovalRecord:
+        """Return the step's approval, creating it (pending) from ``record`` if there is none."""
+
+    def approval_decide(self, run_id: str, step_id: str, status: ApprovalStatus, *,
+                        by: str | None, reason: str = "") -> bool:
+        """Decide a pending approval; False if it was not pending (someone else decided first)."""
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]: ...
+
+
+class InMemoryJournal:
+    """A thread-safe journal held in this process; the default, and the test double.
+
+    It stores the objects it is given (no copies on the hot path), so it costs next to nothing per
+    step; readers get copies.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {}
+        self._steps: dict[str, dict[str, StepRecord]] = {}
+        self._done_seq: dict[str, int] = {}
+        self._comps: dict[str, dict[str, CompensationRecord]] = {}
+        self._approvals: dict[str, dict[str, ApprovalRecord]] = {}
+
+    def run_begin(self, run_id: str) -> RunRecord:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                run = self._runs[run_id] = RunRecord(run_id)
+            return copy.copy(run)
+
+    def run_get(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return copy.copy(run) if run else None
+
+    def run_set_status(self, run_id: str, status: RunStatus,
+                       error: ErrorInfo | None = None) -> None:
+        with self._lock:
+            run = self._runs.setdefault(run_id, RunRecord(run_id))
+            run.status = status
+            if error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
+                run.error = error
+            run.updated_at = time.time()
+
+    def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
+        now = time.time()
+        with self._lock:
+            run = self._runs.setdefault(run_id, RunRecord(run_id))
+            if run.lock_owner not in (None, owner) and run.lock_expires > now:
+                return False
+            run.lock_owner, run.lock_expires = owner, now + ttl
+            return True
+
+    def lock_release(self, run_id: str, owner: str) -> None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is not None and run.lock_owner == owner:
+                run.lock_owner, run.lock_expires = None, 0.0
+
+    def step_start(self, run_id: str, step_id: str, node: str,
+                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
+        with self._lock:
+            steps = self._steps.setdefault(run_id, {})
+            prev = steps.get(step_id)
+            step = StepRecord(run_id, step_id, node, tags,
+                              attempt=prev.attempt + 1 if prev else 1)
+            steps[step_id] = step
+            return step, prev.status if prev else None
+
+    def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
+                    state_after: Any = None, error: ErrorInfo | None = None) -> None:
+        with self._lock:
+            step = self._steps[run_id][step_id]
+            step.status, step.update, step.state_after, step.error = (
+                status, update, state_after, error)
+            step.finished_at = time.time()
+            if status in (StepStatus.SUCCEEDED, StepStatus.VIOLATED):
+                seq = self._done_seq[run_id] = self._done_seq.get(run_id, 0) + 1
+                step.done_seq = seq
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        with self._lock:
+            return [copy.copy(s) for s in self._steps.get(run_id, {}).values()]
+
+    def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
+        with self._lock:
+            comps = self._comps.setdefault(record.run_id, {})
+            existing = comps.setdefault(record.step_id, record)
+            return copy.deepcopy(existing)
+
+    def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
+                             status: CompensationStatus) -> None:
+        with self._lock:
+            record = self._comps[run_id][step_id]
+            record.attempts.append(attempt)
+            record.status = status
+
+    def compensations(self, run_id: str) -> list[CompensationRecord]:
+        with self._lock:
+            return [copy.deepcopy(c) for c in self._comps.get(run_id, {}).values()]
+
+    def approval_request(self, record: ApprovalRecord) -> ApprovalRecord:
+        with self._lock:
+            approvals = self._approvals.setdefault(record.run_id, {})
+            return copy.copy(approvals.setdefault(record.step_id, record))
+
+    def approval_decide(self, run_id: str, step_id: str, status: ApprovalStatus, *,
+                        by: str | None, reason: str = "") -> bool:
+        with self._lock:
+            approval = self._approvals.get(run_id, {}).get(step_id)
+            if approval is None or approval.status != ApprovalStatus.PENDING:
+                return False
+            approval.status, approval.decided_by, approval.reason = status, by, reason
+            approval.decided_at = time.time()
+            return True
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        with self._lock:
+            return [copy.copy(a) for a in self._approvals.get(run_id, {}).values()]

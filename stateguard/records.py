@@ -1,0 +1,154 @@
+"""What the journal stores: runs, steps, compensations (with every attempt) and approvals.
+
+Plain dataclasses with string statuses so that any journal (in memory, SQLite, the Django app)
+can store them without knowing StateGuard's classes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"  # waiting for an operator's approval
+    FAILED = "failed"  # stopped by an error, held for an operator (retry or compensate)
+    SUCCEEDED = "succeeded"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    NEEDS_ATTENTION = "needs_attention"  # an effect could not be undone automatically
+
+
+class StepStatus(StrEnum):
+    STARTED = "started"  # body running; if the process died, this step is in doubt
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # the body raised: treated as "no effect"
+    VIOLATED = "violated"  # the body ran (its effect happened) but an invariant failed after it
+
+
+# Steps whose external effect happened and must be undone on unwind.
+EFFECT_STATUSES = frozenset({StepStatus.SUCCEEDED, StepStatus.VIOLATED})
+
+
+class CompensationStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    NOTHING_TO_UNDO = "nothing_to_undo"  # the compensation returned a falsy value
+    FAILED = "failed"  # every attempt failed: needs an operator
+    SKIPPED_IN_DOUBT = "skipped_in_doubt"  # in-doubt step whose compensation is not safe to run
+
+
+DONE_COMPENSATIONS = frozenset({CompensationStatus.SUCCEEDED, CompensationStatus.NOTHING_TO_UNDO})
+
+
+class ApprovalStatus(StrEnum):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ErrorInfo:
+        import traceback
+
+        return cls(type(exc).__name__, str(exc),
+                   "".join(traceback.format_exception(exc)).strip())
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
+@dataclass(slots=True)
+class RunRecord:
+    run_id: str
+    status: RunStatus = RunStatus.RUNNING
+    error: ErrorInfo | None = None
+    lock_owner: str | None = None
+    lock_expires: float = 0.0
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+
+@dataclass(slots=True)
+class StepRecord:
+    run_id: str
+    step_id: str  # LangGraph task id (stable across resumes) or "<n>:<name>" for GuardedState
+    node: str
+    tags: tuple[str, ...] = ()
+    status: StepStatus = StepStatus.STARTED
+    attempt: int = 1
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    done_seq: int | None = None  # order of completion within the run; unwind goes newest first
+    update: Any = None  # what the node wrote
+    state_after: Any = None  # the state with the node's writes applied
+    error: ErrorInfo | None = None
+
+
+@dataclass(slots=True)
+class AttemptRecord:
+    number: int
+    started_at: float
+    finished_at: float
+    ok: bool
+    result: str = ""  # repr of the compensation's return value
+    error: ErrorInfo | None = None
+
+
+@dataclass(slots=True)
+class CompensationRecord:
+    run_id: str
+    step_id: str
+    node: str
+    idempotency_key: str
+    status: CompensationStatus = CompensationStatus.RUNNING
+    triggered_by: str = "automatic"
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+    @property
+    def last_error(self) -> ErrorInfo | None:
+        for attempt in reversed(self.attempts):
+            if attempt.error is not None:
+                return attempt.error
+        return None
+
+
+@dataclass(slots=True)
+class ApprovalRecord:
+    run_id: str
+    step_id: str
+    node: str
+    payload: Any = None
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    decided_by: str | None = None
+    reason: str = ""
+    requested_at: float = field(default_factory=time.time)
+    decided_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """Everything the journal knows about one run (``guard.status(...)``)."""
+
+    run: RunRecord
+    steps: list[StepRecord]
+    compensations: list[CompensationRecord]
+    approvals: list[ApprovalRecord]
+
+    @property
+    def in_doubt(self) -> list[StepRecord]:
+        """Steps that started and never finished: their effect may or may not have happened."""
+        return [s for s in self.steps if s.status == StepStatus.STARTED]
+
+    @property
+    def pending_approvals(self) -> list[ApprovalRecord]:
+        return [a for a in self.approvals if a.status == ApprovalStatus.PENDING]

@@ -1,0 +1,264 @@
+"""The guarded path: compile with instrumentation and run graphs as sagas.
+
+Every entry point takes the run's lease first (``RunLocked`` if another process holds it), runs
+the graph with ``durability="sync"``, and on a failure unwinds before it raises ``SagaAborted``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import StateGraph
+from langgraph.pregel import Pregel
+
+from stateguard.events import Event, emit
+from stateguard.exceptions import (
+    ApprovalRejected,
+    ConfigurationError,
+    InvalidRunState,
+    InvariantViolation,
+    RunNotFound,
+    SagaAborted,
+)
+from stateguard.instrument import INSTRUMENTED_KEY, RUNNER_KEY, instrument
+from stateguard.records import ApprovalRecord, ApprovalStatus, RunStatus, RunView
+from stateguard.report import UnwindReport
+from stateguard.state import state_values
+from stateguard.unwind import Cause
+
+if TYPE_CHECKING:
+    from stateguard.core import GuardCore
+
+_RESUMABLE = frozenset({RunStatus.FAILED, RunStatus.RUNNING})
+_CRASHED = frozenset({RunStatus.RUNNING, RunStatus.COMPENSATING})
+
+
+def run_id_of(config: RunnableConfig) -> str:
+    thread_id = (config or {}).get("configurable", {}).get("thread_id")
+    if thread_id in (None, ""):
+        raise ConfigurationError('config needs {"configurable": {"thread_id": ...}}')
+    return str(thread_id)
+
+
+def _runner_config(config: RunnableConfig) -> RunnableConfig:
+    return {**config, "configurable": {**config.get("configurable", {}), RUNNER_KEY: True}}
+
+
+class GuardRunner:
+    core: GuardCore
+    on_error: str
+
+    # -- building ---------------------------------------------------------------------------
+    def instrument(self, builder: StateGraph[Any, Any, Any, Any]
+                   ) -> StateGraph[Any, Any, Any, Any]:
+        """A copy of ``builder`` with every node wrapped (see ``stateguard.instrument``)."""
+        if not isinstance(builder, StateGraph):
+            raise ConfigurationError(f"expected a StateGraph builder, got {builder!r}")
+        return instrument(builder, self.core)
+
+    def compile(self, builder: StateGraph[Any, Any, Any, Any], **kwargs: Any) -> Pregel[Any, Any, Any, Any]:
+        """Instrument ``builder`` and compile it with this checkpointer and sync durability."""
+        if "checkpointer" in kwargs:
+            raise ConfigurationError("compile() sets the checkpointer itself")
+        graph = self.instrument(builder).compile(checkpointer=self, **kwargs)  # type: ignore[arg-type]
+        return graph.with_config(configurable={INSTRUMENTED_KEY: True,
+                                               "__pregel_durability": "sync"})
+
+    def _check_graph(self, graph: Any) -> None:
+        if not isinstance(graph, Pregel) or graph.checkpointer is not self or not (
+                graph.config or {}).get("configurable", {}).get(INSTRUMENTED_KEY):
+            raise ConfigurationError("run graphs built by this guard: graph = guard.compile(builder)")
+
+    # -- running ----------------------------------------------------------------------------
+    def invoke(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
+               **kwargs: Any) -> Any:
+        """Run ``graph`` as a saga. Returns the output (with ``__interrupt__`` when paused for an
+        approval); raises ``SagaAborted`` after unwinding when the run fails."""
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            self.core.journal.run_begin(run_id)
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return self._run(graph, input, config, kwargs)
+
+    async def ainvoke(self, graph: Pregel[Any, Any, Any, Any], input: Any,
+                      config: RunnableConfig, **kwargs: Any) -> Any:
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            self.core.journal.run_begin(run_id)
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return await self._arun(graph, input, config, kwargs)
+
+    def _run(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
+             kwargs: dict[str, Any]) -> Any:
+        config = _runner_config(config)
+        try:
+            out = graph.invoke(input, config, durability="sync", **kwargs)
+        except Exception as exc:
+            held = self._hold(config, exc)
+            if held:
+                raise
+            state = state_values(graph.get_state(config).values)
+            report = self.core.unwind(run_id_of(config), self.core.cause_of(exc),
+                                      fallback_state=state)
+            raise SagaAborted(exc, report) from exc
+        snapshot = graph.get_state(config)
+        violation = self._settle(config, snapshot.next, snapshot.values)
+        if violation is not None:
+            report = self.core.unwind(run_id_of(config), self.core.cause_of(violation),
+                                      fallback_state=state_values(snapshot.values))
+            raise SagaAborted(violation, report) from violation
+        return out
+
+    async def _arun(self, graph: Pregel[Any, Any, Any, Any], input: Any,
+                    config: RunnableConfig, kwargs: dict[str, Any]) -> Any:
+        config = _runner_config(config)
+        try:
+            out = await graph.ainvoke(input, config, durability="sync", **kwargs)
+        except Exception as exc:
+            held = self._hold(config, exc)
+            if held:
+                raise
+            state = state_values((await graph.aget_state(config)).values)
+            report = await self.core.aunwind(run_id_of(config), self.core.cause_of(exc),
+                                             fallback_state=state)
+            raise SagaAborted(exc, report) from exc
+        snapshot = await graph.aget_state(config)
+        violation = self._settle(config, snapshot.next, snapshot.values)
+        if violation is not None:
+            report = await self.core.aunwind(run_id_of(config), self.core.cause_of(violation),
+                                             fallback_state=state_values(snapshot.values))
+            raise SagaAborted(violation, report) from violation
+        return out
+
+    def _hold(self, config: RunnableConfig, exc: Exception) -> bool:
+        """With ``on_error="hold"``, a node error leaves the run ``failed`` for an operator."""
+        if self.on_error != "hold" or isinstance(exc, (InvariantViolation, ApprovalRejected)):
+            return False
+        cause = self.core.cause_of(exc)
+        self.core.set_status(run_id_of(config), RunStatus.FAILED, cause.error)
+        return True
+
+    def _settle(self, config: RunnableConfig, next_nodes: tuple[str, ...],
+                values: Any) -> InvariantViolation | None:
+        """Paused, or finished: then check the final state once more, because each node's own
+        check cannot see the combined writes of parallel nodes in the last superstep."""
+        run_id = run_id_of(config)
+        if next_nodes:
+            self.core.set_status(run_id, RunStatus.PAUSED)
+            return None
+        found = self.core.spec.first_violation(state_values(values))
+        if found is not None:
+            return InvariantViolation(found[0].name, found[1], node=None, phase="at the end")
+        self.core.set_status(run_id, RunStatus.SUCCEEDED)
+        return None
+
+    # -- operator actions -------------------------------------------------------------------
+    def _pending(self, run_id: str, node: str | None) -> ApprovalRecord:
+        pending = [a for a in self.core.journal.approvals(run_id)
+                   if a.status == ApprovalStatus.PENDING and node in (None, a.node)]
+        if not pending:
+            what = f" for node {node!r}" if node else ""
+            raise InvalidRunState(f"run {run_id!r} has no pending approval{what}")
+        if len(pending) > 1:
+            raise InvalidRunState(f"run {run_id!r} has {len(pending)} pending approvals; "
+                                  "name the node")
+        return pending[0]
+
+    def _decide(self, run_id: str, node: str | None, status: ApprovalStatus, by: str | None,
+                reason: str) -> ApprovalRecord:
+        approval = self._pending(run_id, node)
+        if not self.core.journal.approval_decide(run_id, approval.step_id, status, by=by,
+                                                 reason=reason):
+            raise InvalidRunState(f"approval of {approval.node!r} was already decided")
+        emit(self.core.on_event, Event("approval.decided", run_id, approval.node,
+                                       approval.step_id, {"decision": str(status), "by": by}))
+        return approval
+
+    def approve(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
+                by: str | None = None, node: str | None = None) -> Any:
+        """Approve the pending gate and resume the run; the gated node runs exactly once."""
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            self._decide(run_id, node, ApprovalStatus.APPROVED, by, "")
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return self._run(graph, None, config, {})
+
+    async def aapprove(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
+                       by: str | None = None, node: str | None = None) -> Any:
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            self._decide(run_id, node, ApprovalStatus.APPROVED, by, "")
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return await self._arun(graph, None, config, {})
+
+    def reject(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
+               by: str | None = None, node: str | None = None, reason: str = ""
+               ) -> UnwindReport:
+        """Reject the pending gate: the gated node never runs and the run is unwound."""
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            approval = self._decide(run_id, node, ApprovalStatus.REJECTED, by, reason)
+            exc = ApprovalRejected(approval.node, by=by, reason=reason)
+            return self.core.unwind(run_id, self.core.cause_of(exc),
+                                    triggered_by=by or "operator",
+                                    fallback_state=state_values(graph.get_state(config).values))
+
+    def retry(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> Any:
+        """Resume a failed (or crashed) run from where it stopped: ``invoke(None)`` semantics, so
+        succeeded steps never run again; only the failed or unfinished task does."""
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            run = self._run_record(run_id)
+            if run.status not in _RESUMABLE:
+                raise InvalidRunState(f"run {run_id!r} is {run.status}; only a failed or "
+                                      "crashed run can be retried")
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return self._run(graph, None, config, {})
+
+    def compensate(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
+                   by: str = "operator", reason: str = "operator") -> UnwindReport:
+        """Unwind the run now (an operator's "compensate", or crash recovery). Idempotent:
+        compensations that already succeeded are skipped. Steps left in doubt by a dead process
+        are compensated only when their compensation is declared ``in_doubt_safe``."""
+        self._check_graph(graph)
+        run_id = run_id_of(config)
+        with self.core.lease(run_id):
+            run = self._run_record(run_id)
+            for approval in self.core.journal.approvals(run_id):
+                if approval.status == ApprovalStatus.PENDING:
+                    self._decide(run_id, approval.node, ApprovalStatus.REJECTED, by,
+                                 f"run compensated ({reason})")
+            # We hold the lease, so a run still marked running/compensating has lost its
+            # worker: its unfinished step is in doubt.
+            return self.core.unwind(run_id, Cause(reason), triggered_by=by,
+                                    include_in_doubt=run.status in _CRASHED,
+                                    fallback_state=state_values(graph.get_state(config).values))
+
+    def recover(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
+                resume: bool = False) -> Any:
+        """Take over a run whose process died (its lease expired): unwind it, or resume it."""
+        run = self._run_record(run_id_of(config))
+        if run.status not in _CRASHED:
+            raise InvalidRunState(f"run {run.run_id!r} is {run.status}, not crashed")
+        if resume:
+            return self.retry(graph, config)
+        return self.compensate(graph, config, by="recovery", reason="crash")
+
+    def status(self, config: RunnableConfig | str) -> RunView:
+        run_id = config if isinstance(config, str) else run_id_of(config)
+        journal = self.core.journal
+        return RunView(self._run_record(run_id), journal.steps(run_id),
+                       journal.compensations(run_id), journal.approvals(run_id))
+
+    def _run_record(self, run_id: str) -> Any:
+        run = self.core.journal.run_get(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run

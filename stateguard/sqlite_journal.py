@@ -1,0 +1,251 @@
+"""``SqliteJournal``: the journal in a SQLite file, shared by every process that opens it.
+
+One connection per thread, WAL mode (readers never block the writer), and every rule of the
+``Journal`` protocol held by a single SQL statement or an ``IMMEDIATE`` transaction, so two
+processes racing for a lease or an approval cannot both win. States and updates are stored as
+JSON: values JSON cannot hold are stored as their ``repr``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from stateguard.records import (
+    ApprovalRecord,
+    ApprovalStatus,
+    AttemptRecord,
+    CompensationRecord,
+    CompensationStatus,
+    ErrorInfo,
+    RunRecord,
+    RunStatus,
+    StepRecord,
+    StepStatus,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sg_runs (
+    run_id TEXT PRIMARY KEY, status TEXT NOT NULL, error TEXT,
+    lock_owner TEXT, lock_expires REAL NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS sg_steps (
+    run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL, tags TEXT NOT NULL,
+    status TEXT NOT NULL, attempt INTEGER NOT NULL, started_at REAL NOT NULL,
+    finished_at REAL, done_seq INTEGER, update_json TEXT, state_after TEXT, error TEXT,
+    PRIMARY KEY (run_id, step_id));
+CREATE TABLE IF NOT EXISTS sg_compensations (
+    run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL, status TEXT NOT NULL, triggered_by TEXT NOT NULL,
+    PRIMARY KEY (run_id, step_id));
+CREATE TABLE IF NOT EXISTS sg_attempts (
+    run_id TEXT NOT NULL, step_id TEXT NOT NULL, number INTEGER NOT NULL,
+    started_at REAL NOT NULL, finished_at REAL NOT NULL, ok INTEGER NOT NULL,
+    result TEXT NOT NULL, error TEXT, PRIMARY KEY (run_id, step_id, number));
+CREATE TABLE IF NOT EXISTS sg_approvals (
+    run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL, payload TEXT,
+    status TEXT NOT NULL, decided_by TEXT, reason TEXT NOT NULL DEFAULT '',
+    requested_at REAL NOT NULL, decided_at REAL, PRIMARY KEY (run_id, step_id));
+"""
+
+
+def _default(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, default=_default)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _error(text: str | None) -> ErrorInfo | None:
+    data = _loads(text)
+    return ErrorInfo(**data) if data else None
+
+
+class SqliteJournal:
+    """A ``Journal`` in a SQLite file, so a second process can see and act on what the first did.
+
+    Example: ``StateGuardCheckpointer(SqliteSaver(conn), journal=SqliteJournal("runs.db"))``.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._local = threading.local()
+        self._db().executescript(_SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL survives a killed process (what recovery is about); only power loss can
+            # drop the last transactions.
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+        return db
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # -- runs -------------------------------------------------------------------------------
+    def run_begin(self, run_id: str) -> RunRecord:
+        now = time.time()
+        self._db().execute(
+            "INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?)", (run_id, RunStatus.RUNNING.value, now, now))
+        run = self.run_get(run_id)
+        assert run is not None
+        return run
+
+    def run_get(self, run_id: str) -> RunRecord | None:
+        row = self._db().execute(
+            "SELECT status, error, lock_owner, lock_expires, created_at, updated_at"
+            " FROM sg_runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            return None
+        return RunRecord(run_id, RunStatus(row[0]), _error(row[1]), row[2], row[3], row[4],
+                         row[5])
+
+    def run_set_status(self, run_id: str, status: RunStatus,
+                       error: ErrorInfo | None = None) -> None:
+        now = time.time()
+        keep_error = error is None and status not in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
+                       " VALUES (?, ?, ?, ?)", (run_id, status.value, now, now))
+            db.execute("UPDATE sg_runs SET status = ?, updated_at = ?,"
+                       " error = CASE WHEN ? THEN error ELSE ? END WHERE run_id = ?",
+                       (status.value, now, keep_error, _dumps(error and dataclasses.asdict(error)),
+                        run_id))
+
+    def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
+                       " VALUES (?, ?, ?, ?)", (run_id, RunStatus.RUNNING.value, now, now))
+            cursor = db.execute(
+                "UPDATE sg_runs SET lock_owner = ?, lock_expires = ? WHERE run_id = ?"
+                " AND (lock_owner IS NULL OR lock_owner = ? OR lock_expires < ?)",
+                (owner, now + ttl, run_id, owner, now))
+            return cursor.rowcount == 1
+
+    def lock_release(self, run_id: str, owner: str) -> None:
+        self._db().execute("UPDATE sg_runs SET lock_owner = NULL, lock_expires = 0"
+                           " WHERE run_id = ? AND lock_owner = ?", (run_id, owner))
+
+    # -- steps ------------------------------------------------------------------------------
+    def step_start(self, run_id: str, step_id: str, node: str,
+                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
+        step = StepRecord(run_id, step_id, node, tuple(tags))
+        with self._tx() as db:
+            row = db.execute("SELECT status, attempt FROM sg_steps WHERE run_id = ? AND"
+                             " step_id = ?", (run_id, step_id)).fetchone()
+            step.attempt = row[1] + 1 if row else 1
+            db.execute("INSERT OR REPLACE INTO sg_steps (run_id, step_id, node, tags, status,"
+                       " attempt, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, step_id, node, json.dumps(list(tags)), step.status.value,
+                        step.attempt, step.started_at))
+        return step, StepStatus(row[0]) if row else None
+
+    def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
+                    state_after: Any = None, error: ErrorInfo | None = None) -> None:
+        with_effect = status in (StepStatus.SUCCEEDED, StepStatus.VIOLATED)
+        self._db().execute(
+            "UPDATE sg_steps SET status = ?, finished_at = ?, update_json = ?, state_after = ?,"
+            " error = ?, done_seq = CASE WHEN ? THEN (SELECT COALESCE(MAX(done_seq), 0) + 1"
+            " FROM sg_steps WHERE run_id = ?) END WHERE run_id = ? AND step_id = ?",
+            (status.value, time.time(), _dumps(update), _dumps(state_after),
+             _dumps(error and dataclasses.asdict(error)), with_effect, run_id, run_id, step_id))
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        rows = self._db().execute(
+            "SELECT step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
+            " update_json, state_after, error FROM sg_steps WHERE run_id = ?"
+            " ORDER BY started_at", (run_id,)).fetchall()
+        return [StepRecord(run_id, r[0], r[1], tuple(json.loads(r[2])), StepStatus(r[3]), r[4],
+                           r[5], r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]))
+                for r in rows]
+
+    # -- compensations ----------------------------------------------------------------------
+    def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
+        self._db().execute(
+            "INSERT OR IGNORE INTO sg_compensations (run_id, step_id, node, idempotency_key,"
+            " status, triggered_by) VALUES (?, ?, ?, ?, ?, ?)",
+            (record.run_id, record.step_id, record.node, record.idempotency_key,
+             record.status.value, record.triggered_by))
+        return next(c for c in self.compensations(record.run_id) if c.step_id == record.step_id)
+
+    def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
+                             status: CompensationStatus) -> None:
+        with self._tx() as db:
+            db.execute("INSERT INTO sg_attempts (run_id, step_id, number, started_at,"
+                       " finished_at, ok, result, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, step_id, attempt.number, attempt.started_at,
+                        attempt.finished_at, attempt.ok, attempt.result,
+                        _dumps(attempt.error and dataclasses.asdict(attempt.error))))
+            db.execute("UPDATE sg_compensations SET status = ? WHERE run_id = ? AND"
+                       " step_id = ?", (status.value, run_id, step_id))
+
+    def compensations(self, run_id: str) -> list[CompensationRecord]:
+        db = self._db()
+        attempts: dict[str, list[AttemptRecord]] = {}
+        for r in db.execute("SELECT step_id, number, started_at, finished_at, ok, result, error"
+                            " FROM sg_attempts WHERE run_id = ? ORDER BY step_id, number",
+                            (run_id,)):
+            attempts.setdefault(r[0], []).append(
+                AttemptRecord(r[1], r[2], r[3], bool(r[4]), r[5], _error(r[6])))
+        rows = db.execute("SELECT step_id, node, idempotency_key, status, triggered_by FROM"
+                          " sg_compensations WHERE run_id = ?", (run_id,)).fetchall()
+        return [CompensationRecord(run_id, r[0], r[1], r[2], CompensationStatus(r[3]), r[4],
+                                   attempts.get(r[0], [])) for r in rows]
+
+    # -- approvals --------------------------------------------------------------------------
+    def approval_request(self, record: ApprovalRecord) -> ApprovalRecord:
+        self._db().execute(
+            "INSERT OR IGNORE INTO sg_approvals (run_id, step_id, node, payload, status,"
+            " requested_at) VALUES (?, ?, ?, ?, ?, ?)",
+            (record.run_id, record.step_id, record.node, _dumps(record.payload),
+             record.status.value, record.requested_at))
+        return next(a for a in self.approvals(record.run_id) if a.step_id == record.step_id)
+
+    def approval_decide(self, run_id: str, step_id: str, status: ApprovalStatus, *,
+                        by: str | None, reason: str = "") -> bool:
+        cursor = self._db().execute(
+            "UPDATE sg_approvals SET status = ?, decided_by = ?, reason = ?, decided_at = ?"
+            " WHERE run_id = ? AND step_id = ? AND status = ?",
+            (status.value, by, reason, time.time(), run_id, step_id,
+             ApprovalStatus.PENDING.value))
+        return cursor.rowcount == 1
+
+    def approvals(self, run_id: str) -> list[ApprovalRecord]:
+        rows = self._db().execute(
+            "SELECT step_id, node, payload, status, decided_by, reason, requested_at, decided_at"
+            " FROM sg_approvals WHERE run_id = ? ORDER BY requested_at", (run_id,)).fetchall()
+        return [ApprovalRecord(run_id, r[0], r[1], _loads(r[2]), ApprovalStatus(r[3]), r[4],
+                               r[5], r[6], r[7]) for r in rows]

@@ -1,0 +1,104 @@
+"""A guarded 4-node graph on a SQLite saver file and a SQLite journal, driven from the command
+line so that tests can run each part of a saga in its own process.
+
+    python -m tests.core.procs DIR THREAD ACTION [--approve-c] [--safe-c] [--hang-at NODE]
+
+ACTION is one of: invoke, approve, reject, recover, status. Effects and compensations are
+appended to DIR/effects.log (one line each, so the test can count them across processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from stateguard import (
+    Compensation,
+    CompensationRetry,
+    RunLocked,
+    SagaAborted,
+    SqliteJournal,
+    StateGuardCheckpointer,
+)
+from tests.core.support import line_builder
+
+NODES = ["a", "b", "c", "d"]
+
+
+def log(directory: Path, line: str) -> None:
+    fd = os.open(directory / "effects.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, f"{line}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("thread")
+    parser.add_argument("action")
+    parser.add_argument("--approve-c", action="store_true")
+    parser.add_argument("--safe-c", action="store_true")
+    parser.add_argument("--hang-at")
+    parser.add_argument("--lease", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    directory: Path = args.dir
+
+    class Effects(list[str]):
+        def append(self, node: str) -> None:
+            if node == args.hang_at:
+                log(directory, f"started:{node}")
+                time.sleep(60)  # the test kills us here
+            log(directory, node)
+
+    def undo(node: str) -> Any:
+        def compensation(state: dict[str, Any], ctx: Any) -> bool:
+            log(directory, f"undo:{node}")
+            return True
+        return compensation
+
+    compensations: dict[str, Any] = {n: undo(n) for n in NODES}
+    compensations["c"] = Compensation(undo("c"), in_doubt_safe=args.safe_c)
+    conn = sqlite3.connect(directory / "checkpoints.db", check_same_thread=False)
+    guard = StateGuardCheckpointer(
+        SqliteSaver(conn), journal=SqliteJournal(directory / "journal.db"),
+        compensations=compensations, approvals=["c"] if args.approve_c else None,
+        compensation_retry=CompensationRetry(attempts=2, initial=0.001), lease_ttl=args.lease)
+    graph = guard.compile(line_builder(NODES, Effects()))
+    config = {"configurable": {"thread_id": args.thread}}
+    outcome: dict[str, Any] = {}
+    try:
+        if args.action == "invoke":
+            out = guard.invoke(graph, {}, config)
+            outcome["paused"] = "__interrupt__" in out
+        elif args.action == "approve":
+            guard.approve(graph, config, by=f"pid{os.getpid()}")
+            outcome["approved"] = True
+        elif args.action == "reject":
+            outcome["report"] = str(guard.reject(graph, config, by="bob", reason="too risky"))
+        elif args.action == "recover":
+            report = guard.recover(graph, config)
+            outcome["report"] = str(report)
+            outcome["needs_attention"] = report.needs_attention
+        outcome["status"] = str(guard.status(config).run.status)
+    except SagaAborted as exc:
+        outcome["aborted"] = str(exc)
+    except RunLocked as exc:
+        outcome["locked"] = str(exc)
+    except Exception as exc:
+        outcome["error"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(outcome), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

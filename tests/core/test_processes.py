@@ -1,0 +1,103 @@
+"""Approvals and crash recovery across real processes sharing a SQLite saver and journal."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.core.procs", str(tmp_path), *args],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run(tmp_path: Path, *args: str) -> dict[str, Any]:
+    proc = start(tmp_path, *args)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def effects(tmp_path: Path) -> list[str]:
+    path = tmp_path / "effects.log"
+    return path.read_text().split() if path.exists() else []
+
+
+def test_it_pauses_in_one_process_and_resumes_on_approval_in_another(tmp_path: Path) -> None:
+    assert run(tmp_path, "t", "invoke", "--approve-c") == {"paused": True, "status": "paused"}
+    assert effects(tmp_path) == ["a", "b"]
+
+    assert run(tmp_path, "t", "approve", "--approve-c") == {"approved": True,
+                                                             "status": "succeeded"}
+    assert effects(tmp_path) == ["a", "b", "c", "d"]
+
+
+def test_it_runs_the_gated_node_once_when_two_processes_approve_at_once(tmp_path: Path) -> None:
+    run(tmp_path, "t", "invoke", "--approve-c")
+    procs = [start(tmp_path, "t", "approve", "--approve-c") for _ in range(2)]
+    results = [json.loads(p.communicate(timeout=60)[0].strip().splitlines()[-1]) for p in procs]
+
+    assert effects(tmp_path).count("c") == 1
+    assert effects(tmp_path) == ["a", "b", "c", "d"]
+    assert sum("approved" in r for r in results) == 1
+    loser = next(r for r in results if "approved" not in r)
+    assert "locked" in loser or "already decided" in loser.get("error", ""), loser
+
+
+def test_it_unwinds_when_the_operator_rejects(tmp_path: Path) -> None:
+    run(tmp_path, "t", "invoke", "--approve-c")
+    result = run(tmp_path, "t", "reject", "--approve-c")
+
+    assert effects(tmp_path) == ["a", "b", "undo:b", "undo:a"]
+    assert result["status"] == "compensated"
+    assert "rejected" in result["report"]
+
+
+def kill_inside_c(tmp_path: Path, *flags: str) -> None:
+    proc = start(tmp_path, "t", "invoke", "--hang-at", "c", "--lease", "1", *flags)
+    deadline = time.monotonic() + 30
+    while "started:c" not in effects(tmp_path):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(1.1)  # let the dead worker's 1 s lease expire
+
+
+def test_it_recovers_a_killed_run_and_compensates_an_in_doubt_safe_step(tmp_path: Path) -> None:
+    kill_inside_c(tmp_path, "--safe-c")
+    result = run(tmp_path, "t", "recover", "--safe-c")
+
+    assert effects(tmp_path) == ["a", "b", "started:c", "undo:c", "undo:b", "undo:a"]
+    assert result["status"] == "compensated" and not result["needs_attention"]
+
+
+def test_it_leaves_an_unsafe_in_doubt_step_for_an_operator(tmp_path: Path) -> None:
+    kill_inside_c(tmp_path)
+    result = run(tmp_path, "t", "recover")
+
+    assert effects(tmp_path) == ["a", "b", "started:c", "undo:b", "undo:a"]
+    assert result["status"] == "needs_attention" and result["needs_attention"]
+    assert "c=skipped_in_doubt" in result["report"]
+
+
+def test_it_does_not_recover_a_run_whose_worker_still_holds_the_lease(tmp_path: Path) -> None:
+    proc = start(tmp_path, "t", "invoke", "--hang-at", "c", "--lease", "30")
+    deadline = time.monotonic() + 30
+    while "started:c" not in effects(tmp_path):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    try:
+        assert "locked" in run(tmp_path, "t", "recover")
+        assert "undo:b" not in effects(tmp_path)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -1,0 +1,197 @@
+"""Unwinding: reverse order, invariants, retries, needs_attention, idempotent re-runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateguard import (
+    Compensation,
+    CompensationRetry,
+    CompensationStatus,
+    InvariantViolation,
+    RunStatus,
+    SagaAborted,
+    StateGuardCheckpointer,
+)
+from tests.core.support import FAST_RETRY, config, line_builder, undo
+
+NODES = ["reserve", "charge", "email", "ship"]
+
+
+def guard_for(log: list[str], **kwargs: object) -> StateGuardCheckpointer:
+    comps = {n: undo(log, n) for n in ("reserve", "charge", "email")}
+    return StateGuardCheckpointer(compensations=comps, compensation_retry=FAST_RETRY, **kwargs)
+
+
+def test_it_compensates_completed_steps_in_reverse_order() -> None:
+    effects: list[str] = []
+    guard = guard_for(effects)
+    graph = guard.compile(line_builder(NODES, effects))
+
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(graph, {"fail_at": "ship"}, config("r1"))
+
+    assert effects == ["reserve", "charge", "email", "undo:email", "undo:charge", "undo:reserve"]
+    assert caught.value.report.compensated == ["email", "charge", "reserve"]
+    assert isinstance(caught.value.cause, ValueError)
+    assert guard.status("r1").run.status == RunStatus.COMPENSATED
+
+
+def test_it_stops_at_a_violation_and_compensates_the_violating_step() -> None:
+    effects: list[str] = []
+
+    def no_negative_balance(state: dict[str, int]) -> bool:
+        return state.get("balance", 0) >= 0
+
+    guard = guard_for(effects, invariants=[no_negative_balance])
+    builder = line_builder(NODES, effects, {"charge": lambda s: {"balance": s["balance"] - 50}})
+    graph = guard.compile(builder)
+
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(graph, {"balance": 20}, config("r2"))
+
+    # "email" and "ship" never started; "charge" had its effect, so it is undone first.
+    assert effects == ["reserve", "charge", "undo:charge", "undo:reserve"]
+    cause = caught.value.cause
+    assert isinstance(cause, InvariantViolation)
+    assert (cause.invariant, cause.node) == ("no_negative_balance", "charge")
+    assert [s.node for s in guard.status("r2").steps] == ["reserve", "charge"]
+
+
+def test_it_retries_a_compensation_that_fails_twice_then_succeeds() -> None:
+    effects: list[str] = []
+    calls: list[tuple[int, str]] = []
+
+    def flaky_refund(state: dict[str, object], ctx: object) -> bool:
+        calls.append((ctx.attempt, ctx.idempotency_key))  # type: ignore[attr-defined]
+        if len(calls) < 3:
+            raise ConnectionError(f"stripe 503 #{len(calls)}")
+        return True
+
+    guard = StateGuardCheckpointer(compensations={"charge": flaky_refund},
+                                   compensation_retry=FAST_RETRY)
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(guard.compile(line_builder(NODES, effects)), {"fail_at": "email"},
+                     config("r3"))
+
+    assert [a for a, _ in calls] == [1, 2, 3]
+    assert len({key for _, key in calls}) == 1  # the same idempotency key on every attempt
+    (record,) = guard.status("r3").compensations
+    assert record.status == CompensationStatus.SUCCEEDED
+    assert [a.ok for a in record.attempts] == [False, False, True]
+    assert "stripe 503 #2" in str(record.attempts[1].error)
+    assert not caught.value.report.needs_attention
+
+
+def test_it_ends_needs_attention_when_a_compensation_always_fails() -> None:
+    effects: list[str] = []
+
+    def broken(state: object, ctx: object) -> bool:
+        raise RuntimeError("refund API down")
+
+    guard = StateGuardCheckpointer(compensations={
+        "charge": Compensation(broken, retry=CompensationRetry(attempts=4, initial=0.001)),
+        "reserve": undo(effects, "reserve")}, compensation_retry=FAST_RETRY)
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(guard.compile(line_builder(NODES, effects)), {"fail_at": "email"},
+                     config("r4"))
+
+    report = caught.value.report
+    assert report.needs_attention
+    failed = next(o for o in report.outcomes if o.node == "charge")
+    assert failed.status == CompensationStatus.FAILED
+    assert len(failed.errors) == 4 and all("refund API down" in str(e) for e in failed.errors)
+    # One compensation failing does not leave the other effects in place.
+    assert "undo:reserve" in effects
+    assert guard.status("r4").run.status == RunStatus.NEEDS_ATTENTION
+
+
+def test_it_skips_succeeded_compensations_when_the_unwind_runs_again() -> None:
+    effects: list[str] = []
+    attempts = {"charge": 0}
+
+    def refund_once_down(state: object, ctx: object) -> bool:
+        attempts["charge"] += 1
+        if attempts["charge"] <= 3:  # every attempt of the first unwind fails
+            raise ConnectionError("down")
+        effects.append("undo:charge")
+        return True
+
+    guard = StateGuardCheckpointer(compensations={"charge": refund_once_down,
+                                                  "reserve": undo(effects, "reserve")},
+                                   compensation_retry=FAST_RETRY)
+    graph = guard.compile(line_builder(NODES, effects))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "email"}, config("r5"))
+    assert effects.count("undo:reserve") == 1 and "undo:charge" not in effects
+
+    again = guard.compensate(graph, config("r5"), by="alice")
+    assert effects.count("undo:reserve") == 1  # not run twice
+    assert effects.count("undo:charge") == 1
+    assert {o.node: str(o.status) for o in again.outcomes} == {
+        "charge": "succeeded", "reserve": "already_done"}
+    assert guard.status("r5").run.status == RunStatus.COMPENSATED
+
+    third = guard.compensate(graph, config("r5"), by="alice")
+    assert {str(o.status) for o in third.outcomes} == {"already_done"}
+    assert effects.count("undo:charge") == 1
+
+
+def test_it_records_a_falsy_return_as_nothing_to_undo() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(compensations={"charge": undo(effects, "charge", None)})
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(guard.compile(line_builder(NODES, effects)), {"fail_at": "ship"},
+                     config("r6"))
+    statuses = {o.node: o.status for o in caught.value.report.outcomes}
+    assert statuses["charge"] == CompensationStatus.NOTHING_TO_UNDO
+    assert statuses["reserve"] == "no_compensation"
+    assert effects[-1] == "undo:charge"
+
+
+def test_it_passes_state_and_context_to_the_compensation() -> None:
+    effects: list[str] = []
+    seen: list[tuple[dict[str, object], object]] = []
+
+    def refund(state: dict[str, object], ctx: object) -> bool:
+        seen.append((state, ctx))
+        return True
+
+    guard = StateGuardCheckpointer(compensations={"charge": refund})
+    builder = line_builder(NODES, effects, {"charge": lambda s: {"charge_id": "ch_42"}})
+    with pytest.raises(SagaAborted):
+        guard.invoke(guard.compile(builder), {"fail_at": "ship"}, config("r7"))
+
+    ((state, ctx),) = seen
+    assert state["charge_id"] == "ch_42" and state["log"] == ["reserve", "charge"]
+    assert ctx.step_result == {"log": ["charge"], "charge_id": "ch_42"}  # type: ignore[attr-defined]
+    assert (ctx.node, ctx.failed_node, ctx.reason) == ("charge", "ship", "error")  # type: ignore[attr-defined]
+    assert ctx.error.type == "ValueError"  # type: ignore[attr-defined]
+    text = str(ctx)
+    assert "compensating 'charge'" in text and "ship" in text and ctx.idempotency_key in text  # type: ignore[attr-defined]
+
+
+def test_it_undoes_a_parallel_sibling_that_succeeded_next_to_a_failing_one() -> None:
+    from langgraph.graph import END, START, StateGraph
+
+    from tests.core.support import LineState
+
+    effects: list[str] = []
+    builder = StateGraph(LineState)
+    builder.add_node("charge", lambda s: effects.append("charge") or {"log": ["charge"]})
+    builder.add_node("notify", lambda s: effects.append("notify") or {"log": ["notify"]})
+
+    def boom(state: object) -> dict[str, object]:
+        raise ValueError("boom")
+
+    builder.add_node("book", boom)
+    builder.add_edge(START, "charge")
+    builder.add_edge("charge", "notify")
+    builder.add_edge("charge", "book")
+    builder.add_edge("notify", END)
+    builder.add_edge("book", END)
+    guard = StateGuardCheckpointer(compensations={"charge": undo(effects, "charge"),
+                                                  "notify": undo(effects, "notify")})
+    with pytest.raises(SagaAborted):
+        guard.invoke(guard.compile(builder), {}, config("r8"))
+    assert effects == ["charge", "notify", "undo:notify", "undo:charge"]
