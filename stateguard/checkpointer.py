@@ -59,7 +59,8 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         if saver is None:
             saver = InMemorySaver()
         if not isinstance(saver, BaseCheckpointSaver):
-            raise ConfigurationError(f"saver must be a LangGraph BaseCheckpointSaver, not {saver!r}")
+            raise ConfigurationError(
+                f"saver must be a LangGraph BaseCheckpointSaver, not {saver!r}")
         if isinstance(saver, StateGuardCheckpointer):
             raise ConfigurationError("a StateGuardCheckpointer cannot wrap another one")
         if on_error not in ("compensate", "hold"):

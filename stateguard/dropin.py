@@ -18,6 +18,7 @@ acts on the whole run first waits for the run's calls already in flight.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import warnings
@@ -27,7 +28,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.channels.base import BaseChannel
 
 from stateguard.core import GuardCore
 from stateguard.exceptions import ConfigurationError, InvariantViolation
@@ -46,10 +46,8 @@ class StateGuardWarning(UserWarning):
 
 
 def attach_report(exc: BaseException, report: UnwindReport) -> None:
-    try:
+    with contextlib.suppress(AttributeError):  # exceptions with __slots__ only get the note
         exc.stateguard_report = report  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
     exc.add_note(f"StateGuard: {report}")
 
 
@@ -60,12 +58,12 @@ class DropInObserver:
         self._in_flight: defaultdict[str, int] = defaultdict(int)
         self._values: OrderedDict[str, dict[str, Any]] = OrderedDict()  # checkpoint id -> state
         self._warned = False
-        self._graphs: dict[int, tuple[dict[str, tuple[str, ...]], Mapping[str, BaseChannel]]] = {}
+        self._graphs: dict[int, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = {}
         self._tags: dict[str, tuple[str, ...]] = {}
         # Runs whose checkpoint raised a violation: LangGraph saves none of their later
         # checkpoints, so nothing may wait for one.
         self._stopped: set[str] = set()
-        self._channels: Mapping[str, BaseChannel] = {}
+        self._channels: Mapping[str, Any] = {}
 
     @staticmethod
     def mode(config: RunnableConfig) -> str | None:
@@ -197,8 +195,9 @@ class DropInObserver:
                 journal.step_finish(run_id, task_id, StepStatus.FAILED,
                                     error=self.core.cause_of(error).error)
             self._drain(run_id)
+            state = self._state_of(run_id, conf.get("checkpoint_id"))
             report = self.core.unwind(run_id, self.core.cause_of(error, failed_node=node),
-                                      fallback_state=self._state_of(run_id, conf.get("checkpoint_id")))
+                                      fallback_state=state)
             attach_report(error, report)
             return
         if not observing:

@@ -3,7 +3,7 @@
 The tree::
 
     StateGuardError
-    ├── ConfigurationError (ValueError)   bad invariants, compensations or approvals, at construction
+    ├── ConfigurationError (ValueError)   bad invariants, compensations or approvals
     ├── RunLocked (RuntimeError)          another process holds the run's lease
     ├── RunNotFound (LookupError)         no journaled run under that id
     ├── InvalidRunState (RuntimeError)    the operator action does not fit the run's status

@@ -12,13 +12,13 @@ Each node of the builder is wrapped so that, around the node body, in every dura
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.channels.base import BaseChannel
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import StateGraph
 from langgraph.types import interrupt
@@ -45,7 +45,10 @@ def node_tags(metadata: Mapping[str, Any] | None) -> tuple[str, ...]:
     return (tags,) if isinstance(tags, str) else tuple(str(t) for t in tags)
 
 
-def instrument(builder: StateGraph[Any, Any, Any, Any], core: GuardCore) -> StateGraph[Any, Any, Any, Any]:
+Builder = StateGraph[Any, Any, Any, Any]
+
+
+def instrument(builder: Builder, core: GuardCore) -> Builder:
     """A shallow copy of ``builder`` whose nodes are wrapped; the caller's builder is untouched."""
     from langgraph._internal._runnable import RunnableCallable
 
@@ -63,7 +66,7 @@ def instrument(builder: StateGraph[Any, Any, Any, Any], core: GuardCore) -> Stat
 
 class _NodeWrapper:
     def __init__(self, name: str, tags: tuple[str, ...], inner: Any, core: GuardCore,
-                 channels: Mapping[str, BaseChannel]) -> None:
+                 channels: Mapping[str, Any]) -> None:
         self.name, self.tags, self.inner, self.core, self.channels = (
             name, tags, inner, core, channels)
         self.approval = core.spec.approvals.get(name, False)
@@ -156,9 +159,7 @@ class _NodeWrapper:
 
 
 def _tag(exc: BaseException, node: str) -> BaseException:
-    try:
+    with contextlib.suppress(AttributeError):  # __slots__ exceptions; the journal names it
         setattr(exc, NODE_ATTR, node)
-    except AttributeError:  # exceptions with __slots__; the journal still names the node
-        pass
     return exc
 

@@ -57,7 +57,8 @@ class GuardRunner:
             raise ConfigurationError(f"expected a StateGraph builder, got {builder!r}")
         return instrument(builder, self.core)
 
-    def compile(self, builder: StateGraph[Any, Any, Any, Any], **kwargs: Any) -> Pregel[Any, Any, Any, Any]:
+    def compile(self, builder: StateGraph[Any, Any, Any, Any], **kwargs: Any
+                ) -> Pregel[Any, Any, Any, Any]:
         """Instrument ``builder`` and compile it with this checkpointer and sync durability."""
         if "checkpointer" in kwargs:
             raise ConfigurationError("compile() sets the checkpointer itself")
@@ -66,9 +67,10 @@ class GuardRunner:
                                                "__pregel_durability": "sync"})
 
     def _check_graph(self, graph: Any) -> None:
-        if not isinstance(graph, Pregel) or graph.checkpointer is not self or not (
-                graph.config or {}).get("configurable", {}).get(INSTRUMENTED_KEY):
-            raise ConfigurationError("run graphs built by this guard: graph = guard.compile(builder)")
+        ours = isinstance(graph, Pregel) and getattr(graph, "checkpointer", None) is self
+        if not ours or not (graph.config or {}).get("configurable", {}).get(INSTRUMENTED_KEY):
+            raise ConfigurationError(
+                "run graphs built by this guard: graph = guard.compile(builder)")
 
     # -- running ----------------------------------------------------------------------------
     def invoke(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
@@ -181,7 +183,7 @@ class GuardRunner:
                 by: str | None = None, node: str | None = None) -> Any:
         """Approve the pending gate and resume the run; the gated node runs exactly once."""
         self._check_graph(graph)
-        run_id = run_id_of(config)
+        run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             self._decide(run_id, node, ApprovalStatus.APPROVED, by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
@@ -190,7 +192,7 @@ class GuardRunner:
     async def aapprove(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                        by: str | None = None, node: str | None = None) -> Any:
         self._check_graph(graph)
-        run_id = run_id_of(config)
+        run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             self._decide(run_id, node, ApprovalStatus.APPROVED, by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
@@ -201,7 +203,7 @@ class GuardRunner:
                ) -> UnwindReport:
         """Reject the pending gate: the gated node never runs and the run is unwound."""
         self._check_graph(graph)
-        run_id = run_id_of(config)
+        run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             approval = self._decide(run_id, node, ApprovalStatus.REJECTED, by, reason)
             exc = ApprovalRejected(approval.node, by=by, reason=reason)
@@ -213,7 +215,7 @@ class GuardRunner:
         """Resume a failed (or crashed) run from where it stopped: ``invoke(None)`` semantics, so
         succeeded steps never run again; only the failed or unfinished task does."""
         self._check_graph(graph)
-        run_id = run_id_of(config)
+        run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             run = self._run_record(run_id)
             if run.status not in _RESUMABLE:
@@ -228,7 +230,7 @@ class GuardRunner:
         compensations that already succeeded are skipped. Steps left in doubt by a dead process
         are compensated only when their compensation is declared ``in_doubt_safe``."""
         self._check_graph(graph)
-        run_id = run_id_of(config)
+        run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             run = self._run_record(run_id)
             for approval in self.core.journal.approvals(run_id):

@@ -14,6 +14,7 @@ from langgraph.channels.base import BaseChannel
 from langgraph.errors import EmptyChannelError
 from langgraph.types import Command
 
+
 def as_dict(state: Any) -> dict[str, Any]:
     if isinstance(state, Mapping):
         return dict(state)
@@ -48,13 +49,13 @@ def update_of(result: Any) -> dict[str, Any]:
     return as_dict(result)
 
 
-def apply_update(channels: Mapping[str, BaseChannel], state: dict[str, Any],
+def apply_update(channels: Mapping[str, Any], state: dict[str, Any],
                  update: Mapping[str, Any]) -> dict[str, Any]:
     """``state`` with ``update`` applied through the graph's own channel reducers."""
     merged = dict(state)
     for key, value in update.items():
         spec = channels.get(key)
-        if spec is None:
+        if not isinstance(spec, BaseChannel):  # unknown key or a managed value
             merged[key] = value
             continue
         channel = spec.from_checkpoint(merged[key]) if key in merged else spec.copy()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stateguard.context import ExceptionContext, InvariantInfo, idempotency_key
-from stateguard.events import Event, EventCallback, emit
+from stateguard.events import Event, EventCallback, EventType, emit
 from stateguard.journal import Journal
 from stateguard.records import (
     DONE_COMPENSATIONS,
@@ -132,7 +132,7 @@ class _Unwinder:
                 errors: list[ErrorInfo]) -> None:
         self.outcomes.append(CompensationOutcome(step.node, step.step_id, status, attempts,
                                                  tuple(errors)))
-        kind = "compensation.failed" if status in (
+        kind: EventType = "compensation.failed" if status in (
             CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT
         ) else "compensation.succeeded"
         emit(self.on_event, Event(kind, self.run_id, step.node, step.step_id,

@@ -112,6 +112,6 @@ def test_it_refuses_approval_gates_without_instrumentation() -> None:
     effects: list[str] = []
     guard = StateGuardCheckpointer(approvals=["charge"])
     graph = line_builder(NODES, effects).compile(checkpointer=guard)
-    with pytest.raises(ConfigurationError, match="guard.compile"):
+    with pytest.raises(ConfigurationError, match=r"guard\.compile"):
         graph.invoke({}, config("d6"))
     assert effects == []

@@ -1,0 +1,1 @@
+"""The agents this deployment runs: LangGraph graphs with their invariants and compensations."""

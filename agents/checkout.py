@@ -1,0 +1,99 @@
+"""The checkout agent: charge the customer with Stripe, then book the order.
+
+The seed story StateGuard exists for: if anything after the charge fails (booking, an invariant,
+an operator's rejection), the charge is refunded exactly once, with an idempotency key that stays
+the same on every retry, and only after checking what Stripe already refunded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypedDict
+
+import stripe
+from langgraph.graph import END, START, StateGraph
+
+from stateguard import Compensation, ExceptionContext
+
+
+class CheckoutState(TypedDict, total=False):
+    email: str
+    amount: int  # in the currency's smallest unit (cents)
+    currency: str
+    customer_id: str
+    payment_intent_id: str
+    charge_id: str
+    amount_charged: int
+    order_id: str
+    fail_booking: bool  # lets the demo and tests make the booking fail
+
+
+class BookingFailed(Exception):
+    pass
+
+
+def charged_within_amount(state: dict[str, Any]) -> bool:
+    """The customer is never charged more than the order amount."""
+    return int(state.get("amount_charged", 0)) <= int(state.get("amount", 0))
+
+
+def _charge_id(intent: Any) -> str:
+    latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
+    return str(latest if isinstance(latest, str) else latest.id)
+
+
+def checkout_builder(client: stripe.StripeClient,
+                     book: Callable[[dict[str, Any]], str] | None = None
+                     ) -> StateGraph[Any, Any, Any, Any]:
+    def create_customer(state: dict[str, Any]) -> dict[str, Any]:
+        customer = client.v1.customers.create(params={"email": state["email"]})
+        return {"customer_id": customer.id}
+
+    def charge_user(state: dict[str, Any]) -> dict[str, Any]:
+        intent = client.v1.payment_intents.create(params={
+            "amount": state["amount"], "currency": state.get("currency", "usd"),
+            "customer": state["customer_id"], "payment_method": "pm_card_visa",
+            "confirm": True})
+        return {"payment_intent_id": intent.id, "charge_id": _charge_id(intent),
+                "amount_charged": intent.amount}
+
+    def book_order(state: dict[str, Any]) -> dict[str, Any]:
+        if state.get("fail_booking"):
+            raise BookingFailed("the warehouse rejected the order")
+        return {"order_id": book(state) if book else f"order-{state['payment_intent_id']}"}
+
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(CheckoutState)
+    builder.add_node("create_customer", create_customer)
+    builder.add_node("charge_user", charge_user, metadata={"tags": ["payment"]})
+    builder.add_node("book_order", book_order)
+    builder.add_edge(START, "create_customer")
+    builder.add_edge("create_customer", "charge_user")
+    builder.add_edge("charge_user", "book_order")
+    builder.add_edge("book_order", END)
+    return builder
+
+
+def refund_compensation(client: stripe.StripeClient) -> Compensation:
+    """Refund what is left of the charge: check Stripe first, then refund with a stable key."""
+
+    def refund_stripe_charge(state: dict[str, Any], ctx: ExceptionContext) -> bool:
+        charge_id = state.get("charge_id")
+        if not charge_id:
+            return False  # the charge never happened: nothing to undo
+        charge = client.v1.charges.retrieve(charge_id)
+        remaining = charge.amount - (charge.amount_refunded or 0)
+        if remaining <= 0:
+            return False  # already refunded (by an earlier attempt or by hand)
+        client.v1.refunds.create(
+            params={"charge": charge_id, "amount": remaining,
+                    "metadata": {"stateguard_run": ctx.run_id, "reason": ctx.reason}},
+            options={"idempotency_key": ctx.idempotency_key})
+        return True
+
+    return Compensation(refund_stripe_charge)
+
+
+def checkout_guard_kwargs(client: stripe.StripeClient) -> dict[str, Any]:
+    """The invariants and compensations to give a ``StateGuardCheckpointer``."""
+    return {"invariants": [charged_within_amount],
+            "compensations": {"payment": refund_compensation(client)}}

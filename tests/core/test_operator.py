@@ -1,0 +1,115 @@
+"""Approvals, retries from the failure point and events, in one process."""
+
+from __future__ import annotations
+
+import pytest
+
+from stateguard import (
+    ApprovalStatus,
+    Event,
+    InvalidRunState,
+    RunStatus,
+    SagaAborted,
+    StateGuardCheckpointer,
+)
+from tests.core.support import FAST_RETRY, config, line_builder, undo
+
+NODES = ["a", "b", "c"]
+
+
+def test_it_gates_a_node_only_when_the_predicate_holds() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(approvals={"b": lambda s: s.get("balance", 0) > 100_00})
+    graph = guard.compile(line_builder(NODES, effects))
+
+    assert "__interrupt__" not in guard.invoke(graph, {"balance": 50_00}, config("small"))
+    out = guard.invoke(graph, {"balance": 500_00}, config("big"))
+    assert "__interrupt__" in out
+    assert effects == ["a", "b", "c", "a"]
+    (approval,) = guard.status("big").pending_approvals
+    assert approval.node == "b" and approval.payload["state"]["balance"] == 500_00
+
+    guard.approve(graph, config("big"), by="alice")
+    assert effects == ["a", "b", "c", "a", "b", "c"]
+    (decided,) = guard.status("big").approvals
+    assert (decided.status, decided.decided_by) == (ApprovalStatus.APPROVED, "alice")
+    with pytest.raises(InvalidRunState):
+        guard.approve(graph, config("big"), by="bob")
+
+
+def test_it_unwinds_on_reject_without_running_the_gated_node() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(approvals=["c"], compensations={"a": undo(effects, "a")})
+    graph = guard.compile(line_builder(NODES, effects))
+    guard.invoke(graph, {}, config("r"))
+    report = guard.reject(graph, config("r"), by="bob", reason="amount looks wrong")
+    assert effects == ["a", "b", "undo:a"]
+    assert report.reason == "rejected"
+    assert guard.status("r").run.status == RunStatus.COMPENSATED
+
+
+def test_it_retries_from_the_failure_point_without_rerunning_succeeded_steps() -> None:
+    effects: list[str] = []
+    flaky = {"fails": 1}
+
+    def c_body(state: dict[str, object]) -> dict[str, object]:
+        if flaky["fails"]:
+            flaky["fails"] -= 1
+            raise ConnectionError("carrier API down")
+        return {}
+
+    guard = StateGuardCheckpointer(on_error="hold", compensations={"a": undo(effects, "a")})
+    graph = guard.compile(line_builder(NODES, effects, {"c": c_body}))
+    with pytest.raises(ConnectionError):
+        guard.invoke(graph, {}, config("h"))
+    assert guard.status("h").run.status == RunStatus.FAILED
+    assert effects == ["a", "b", "c"]  # held: nothing compensated
+
+    out = guard.retry(graph, config("h"))
+    assert effects == ["a", "b", "c", "c"]  # only the failed node ran again
+    assert out["log"] == NODES
+    assert guard.status("h").run.status == RunStatus.SUCCEEDED
+
+
+def test_it_compensates_a_held_run_when_the_operator_asks() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(on_error="hold", compensations={"a": undo(effects, "a"),
+                                                                   "b": undo(effects, "b")},
+                                   compensation_retry=FAST_RETRY)
+    graph = guard.compile(line_builder(NODES, effects))
+    with pytest.raises(ValueError):
+        guard.invoke(graph, {"fail_at": "c"}, config("op"))
+    report = guard.compensate(graph, config("op"), by="carol")
+    assert effects == ["a", "b", "undo:b", "undo:a"]
+    assert {c.triggered_by for c in guard.status("op").compensations} == {"carol"}
+    assert report.reason == "operator"
+
+
+def test_it_compensates_a_paused_run_and_closes_its_approval() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(approvals=["c"], compensations={"b": undo(effects, "b")})
+    graph = guard.compile(line_builder(NODES, effects))
+    guard.invoke(graph, {}, config("p"))
+    guard.compensate(graph, config("p"), by="dave")
+    assert effects == ["a", "b", "undo:b"]
+    assert guard.status("p").approvals[0].status == ApprovalStatus.REJECTED
+
+
+def test_it_emits_events_and_survives_a_broken_listener() -> None:
+    effects: list[str] = []
+    events: list[Event] = []
+
+    def listener(event: Event) -> None:
+        events.append(event)
+        raise RuntimeError("listener bug")
+
+    guard = StateGuardCheckpointer(on_event=listener, compensations={"a": undo(effects, "a")})
+    with pytest.raises(SagaAborted):
+        guard.invoke(guard.compile(line_builder(NODES, effects)), {"fail_at": "b"},
+                     config("ev"))
+    kinds = [(e.type, e.node) for e in events if e.type != "run.status"]
+    assert kinds == [("step.started", "a"), ("step.succeeded", "a"), ("step.started", "b"),
+                     ("step.failed", "b"), ("compensation.attempt", "a"),
+                     ("compensation.succeeded", "a")]
+    statuses = [e.data["status"] for e in events if e.type == "run.status"]
+    assert statuses == ["running", "compensating", "compensated"]

@@ -1,0 +1,90 @@
+"""The guard wraps the official savers: in-memory, SQLite (sync and async) and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from stateguard import RunStatus, SagaAborted, StateGuardCheckpointer
+from tests.core.support import config, line_builder, undo
+
+NODES = ["a", "b", "c"]
+PG_ADMIN = os.environ.get("STATEGUARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="module")
+def pg_dsn() -> Iterator[str]:
+    """A throwaway database on the local PostgreSQL server."""
+    name = f"stateguard_test_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def check_unwinds(guard: StateGuardCheckpointer, effects: list[str], thread: str) -> None:
+    graph = guard.compile(line_builder(NODES, effects))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "c"}, config(thread))
+    assert effects == ["a", "b", "undo:b", "undo:a"]
+    assert graph.get_state(config(thread)).values["log"] == ["a", "b"]
+
+
+def test_it_works_with_a_sqlite_saver_file(tmp_path: Path) -> None:
+    effects: list[str] = []
+    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
+    guard = StateGuardCheckpointer(SqliteSaver(conn),
+                                   compensations={n: undo(effects, n) for n in NODES})
+    check_unwinds(guard, effects, "sqlite")
+
+
+def test_it_works_with_a_postgres_saver(pg_dsn: str) -> None:
+    effects: list[str] = []
+    with PostgresSaver.from_conn_string(pg_dsn) as saver:
+        saver.setup()
+        guard = StateGuardCheckpointer(saver, compensations={n: undo(effects, n) for n in NODES})
+        check_unwinds(guard, effects, "pg")
+        # the drop-in form on the same saver
+        effects.clear()
+        graph = line_builder(NODES, effects).compile(checkpointer=guard)
+        with pytest.raises(ValueError):
+            graph.invoke({"fail_at": "c"}, config("pg-dropin"), durability="sync")
+        assert effects == ["a", "b", "undo:b", "undo:a"]
+
+
+async def test_it_runs_async_with_an_async_sqlite_saver(tmp_path: Path) -> None:
+    effects: list[str] = []
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as saver:
+        guard = StateGuardCheckpointer(saver, compensations={n: undo(effects, n) for n in NODES})
+        graph = guard.compile(line_builder(NODES, effects))
+        with pytest.raises(SagaAborted):
+            await guard.ainvoke(graph, {"fail_at": "c"}, config("async"))
+        assert effects == ["a", "b", "undo:b", "undo:a"]
+        out = await guard.ainvoke(graph, {}, config("async-ok"))
+        assert out["log"] == NODES
+        assert guard.status("async-ok").run.status == RunStatus.SUCCEEDED
+
+
+async def test_it_observes_a_drop_in_ainvoke_with_an_async_postgres_saver(pg_dsn: str) -> None:
+    effects: list[str] = []
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+        guard = StateGuardCheckpointer(saver, compensations={n: undo(effects, n) for n in NODES})
+        graph = line_builder(NODES, effects).compile(checkpointer=guard)
+        with pytest.raises(ValueError) as caught:
+            await graph.ainvoke({"fail_at": "c"}, config("apg"), durability="sync")
+        assert effects == ["a", "b", "undo:b", "undo:a"]
+        assert caught.value.stateguard_report.compensated == ["b", "a"]  # type: ignore[attr-defined]
