@@ -1,0 +1,100 @@
+"""Shared fixtures for every test folder.
+
+* ``localstripe_url`` (session): a private localstripe on 127.0.0.1 (see
+  ``tools/localstripe_server.py``), started once per test session.
+* ``stripe_client`` (function): an empty localstripe store plus a ``stripe.StripeClient``
+  pointed at it; the module-level ``stripe.api_key`` / ``stripe.api_base`` are set too
+  (and restored afterwards) for code that uses the global style.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import stripe
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCALSTRIPE_LAUNCHER = ROOT / "tools" / "localstripe_server.py"
+LOCALSTRIPE_START_TIMEOUT = 20.0
+STRIPE_TEST_KEY = "sk_test_stateguard"
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _port_answers(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def localstripe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    host, port = "127.0.0.1", _free_port()
+    # Output goes to a file, not a pipe: the access log would otherwise fill an unread
+    # pipe buffer and block the server.
+    log_path = tmp_path_factory.mktemp("localstripe") / "localstripe.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(LOCALSTRIPE_LAUNCHER), "--port", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        try:
+            deadline = time.monotonic() + LOCALSTRIPE_START_TIMEOUT
+            while not _port_answers(host, port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    code = proc.poll()
+                    why = (
+                        f"exited with code {code}"
+                        if code is not None
+                        else f"did not answer within {LOCALSTRIPE_START_TIMEOUT:.0f}s"
+                    )
+                    output = log_path.read_text(errors="replace")
+                    pytest.fail(
+                        f"localstripe on {host}:{port} {why}. Output:\n{output}", pytrace=False
+                    )
+                time.sleep(0.05)
+            yield f"http://{host}:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def flush_localstripe(url: str) -> None:
+    """Empty localstripe's store (``DELETE /_config/data``; needs no auth).
+
+    Registered webhooks live outside the store and are *not* removed by this.
+    """
+    req = urllib.request.Request(f"{url}/_config/data", method="DELETE")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"flushing localstripe failed: HTTP {resp.status}")
+
+
+@pytest.fixture
+def stripe_client(localstripe_url: str) -> Iterator[stripe.StripeClient]:
+    flush_localstripe(localstripe_url)
+    saved_key, saved_base = stripe.api_key, stripe.api_base
+    stripe.api_key, stripe.api_base = STRIPE_TEST_KEY, localstripe_url
+    try:
+        yield stripe.StripeClient(STRIPE_TEST_KEY, base_addresses={"api": localstripe_url})
+    finally:
+        stripe.api_key, stripe.api_base = saved_key, saved_base
