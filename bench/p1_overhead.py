@@ -51,12 +51,17 @@ def guard_kwargs() -> dict[str, Any]:
     return {"invariants": [positive], "compensations": {f"n{i}": undo for i in range(N)}}
 
 
-def time_runs(invoke: Callable[[dict[str, Any], dict[str, Any]], Any], runs: int) -> float:
-    invoke({"x": 0}, {"configurable": {"thread_id": f"warm-{uuid.uuid4()}"}})
+def time_one(invoke: Callable[[dict[str, Any], dict[str, Any]], Any]) -> float:
+    config = {"configurable": {"thread_id": str(uuid.uuid4())}}
     start = time.perf_counter()
-    for _ in range(runs):
-        invoke({"x": 0}, {"configurable": {"thread_id": str(uuid.uuid4())}})
-    return (time.perf_counter() - start) / runs
+    invoke({"x": 0}, config)
+    return time.perf_counter() - start
+
+
+def _no_runner(config: dict[str, Any]) -> dict[str, Any]:
+    from stateguard.instrument import RUNNER_KEY
+
+    return {"configurable": {**config["configurable"], RUNNER_KEY: True}}
 
 
 def variants(tmp: Path) -> dict[str, Callable[[dict[str, Any], dict[str, Any]], Any]]:
@@ -66,6 +71,9 @@ def variants(tmp: Path) -> dict[str, Callable[[dict[str, Any], dict[str, Any]], 
     g = StateGuardCheckpointer(InMemorySaver(), **guard_kwargs())
     guarded_mem = g.compile(builder())
     out["guarded InMemorySaver"] = lambda i, c: g.invoke(guarded_mem, i, c)
+    # The same guarded graph without the runner (no lease, run status or final check): the
+    # wrappers' share of the cost inside a real graph.
+    out["guarded InMemorySaver, wrappers only"] = lambda i, c: guarded_mem.invoke(i, _no_runner(c))
 
     def sqlite_saver(name: str) -> SqliteSaver:
         return SqliteSaver(sqlite3.connect(tmp / name, check_same_thread=False))
@@ -109,14 +117,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runners = variants(Path(tmp))
         samples: dict[str, list[float]] = {name: [] for name in runners}
+        for invoke in runners.values():  # warm up
+            time_one(invoke)
+        # Interleave single runs, so that the machine's noise falls on every variant alike,
+        # and compare medians of many single runs.
         for _ in range(args.rounds):
-            for name, invoke in runners.items():
-                samples[name].append(time_runs(invoke, args.runs))
+            for _ in range(args.runs):
+                for name, invoke in runners.items():
+                    samples[name].append(time_one(invoke))
     med = {name: statistics.median(v) for name, v in samples.items()}
     print(f"node wrapper alone: {wrapper_cost() * 1e6:.1f} us added per step "
           "(best of 5 x 20000 calls, wrapped vs unwrapped node)")
-    print(f"P1: {N}-node linear graph, {args.runs} runs x {args.rounds} interleaved rounds, "
-          "median per run")
+    print(f"P1: {N}-node linear graph, {args.runs * args.rounds} runs per variant, single runs "
+          "interleaved across variants, median per run")
     print(f"{'configuration':40} {'ms/run':>8} {'us/step':>8} {'added us/step':>14} {'ratio':>6}")
     for name, seconds in med.items():
         base = med["bare InMemorySaver" if "InMemory" in name else "bare SqliteSaver"]

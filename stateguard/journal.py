@@ -43,7 +43,9 @@ class Journal(Protocol):
                        error: ErrorInfo | None = None) -> None: ...
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
-        """Take (or, for the same owner, extend) the run's lock; False if someone else holds it."""
+        """Take (or, for the same owner, extend) the run's lock; False if someone else holds it.
+
+        Creates the run (status ``running``) if it is new."""
 
     def lock_release(self, run_id: str, owner: str) -> None: ...
 

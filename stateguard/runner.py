@@ -30,6 +30,7 @@ from stateguard.unwind import Cause
 if TYPE_CHECKING:
     from stateguard.core import GuardCore
 
+OUTPUT_IS_STATE_KEY = "__stateguard_output_is_state"
 _RESUMABLE = frozenset({RunStatus.FAILED, RunStatus.RUNNING})
 _CRASHED = frozenset({RunStatus.RUNNING, RunStatus.COMPENSATING})
 
@@ -39,6 +40,15 @@ def run_id_of(config: RunnableConfig) -> str:
     if thread_id in (None, ""):
         raise ConfigurationError('config needs {"configurable": {"thread_id": ...}}')
     return str(thread_id)
+
+
+def _values(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[str, Any]:
+    return state_values(graph.get_state(config).values)
+
+
+def _split_output(out: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+    paused = ("__interrupt__",) if "__interrupt__" in out else ()
+    return paused, {k: v for k, v in out.items() if k != "__interrupt__"}
 
 
 def _runner_config(config: RunnableConfig) -> RunnableConfig:
@@ -63,7 +73,12 @@ class GuardRunner:
         if "checkpointer" in kwargs:
             raise ConfigurationError("compile() sets the checkpointer itself")
         graph = self.instrument(builder).compile(checkpointer=self, **kwargs)  # type: ignore[arg-type]
+        # When the output is the whole state and only interrupt() pauses the graph, the run's
+        # end can be judged from the output, saving a checkpoint read per run.
+        output_is_state = builder.output_schema is builder.state_schema and not (
+            kwargs.get("interrupt_before") or kwargs.get("interrupt_after"))
         return graph.with_config(configurable={INSTRUMENTED_KEY: True,
+                                               OUTPUT_IS_STATE_KEY: output_is_state,
                                                "__pregel_durability": "sync"})
 
     def _check_graph(self, graph: Any) -> None:
@@ -79,8 +94,7 @@ class GuardRunner:
         approval); raises ``SagaAborted`` after unwinding when the run fails."""
         self._check_graph(graph)
         run_id = run_id_of(config)
-        with self.core.lease(run_id):
-            self.core.journal.run_begin(run_id)
+        with self.core.lease(run_id):  # creates the run if it is new
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, input, config, kwargs)
 
@@ -88,8 +102,7 @@ class GuardRunner:
                       config: RunnableConfig, **kwargs: Any) -> Any:
         self._check_graph(graph)
         run_id = run_id_of(config)
-        with self.core.lease(run_id):
-            self.core.journal.run_begin(run_id)
+        with self.core.lease(run_id):  # creates the run if it is new
             self.core.set_status(run_id, RunStatus.RUNNING)
             return await self._arun(graph, input, config, kwargs)
 
@@ -102,17 +115,29 @@ class GuardRunner:
             held = self._hold(config, exc)
             if held:
                 raise
-            state = state_values(graph.get_state(config).values)
             report = self.core.unwind(run_id_of(config), self.core.cause_of(exc),
-                                      fallback_state=state)
+                                      fallback_state=lambda: _values(graph, config))
             raise SagaAborted(exc, report) from exc
-        snapshot = graph.get_state(config)
-        violation = self._settle(config, snapshot.next, snapshot.values)
+        next_nodes, values = self._ending(graph, config, out)
+        violation = self._settle(config, next_nodes, values)
         if violation is not None:
             report = self.core.unwind(run_id_of(config), self.core.cause_of(violation),
-                                      fallback_state=state_values(snapshot.values))
+                                      fallback_state=state_values(values))
             raise SagaAborted(violation, report) from violation
         return out
+
+    @staticmethod
+    def _output_is_state(graph: Pregel[Any, Any, Any, Any], out: Any) -> bool:
+        conf = (graph.config or {}).get("configurable", {})
+        return bool(conf.get(OUTPUT_IS_STATE_KEY)) and isinstance(out, dict)
+
+    def _ending(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, out: Any
+                ) -> tuple[tuple[str, ...], Any]:
+        """Whether the run paused, and its final state."""
+        if self._output_is_state(graph, out):
+            return _split_output(out)
+        snapshot = graph.get_state(config)
+        return snapshot.next, snapshot.values
 
     async def _arun(self, graph: Pregel[Any, Any, Any, Any], input: Any,
                     config: RunnableConfig, kwargs: dict[str, Any]) -> Any:
@@ -125,13 +150,17 @@ class GuardRunner:
                 raise
             state = state_values((await graph.aget_state(config)).values)
             report = await self.core.aunwind(run_id_of(config), self.core.cause_of(exc),
-                                             fallback_state=state)
+                                             fallback_state=lambda: state)
             raise SagaAborted(exc, report) from exc
-        snapshot = await graph.aget_state(config)
-        violation = self._settle(config, snapshot.next, snapshot.values)
+        if self._output_is_state(graph, out):
+            next_nodes, values = _split_output(out)
+        else:
+            snapshot = await graph.aget_state(config)
+            next_nodes, values = snapshot.next, snapshot.values
+        violation = self._settle(config, next_nodes, values)
         if violation is not None:
             report = await self.core.aunwind(run_id_of(config), self.core.cause_of(violation),
-                                             fallback_state=state_values(snapshot.values))
+                                             fallback_state=state_values(values))
             raise SagaAborted(violation, report) from violation
         return out
 

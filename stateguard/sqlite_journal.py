@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS sg_steps (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL, tags TEXT NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, started_at REAL NOT NULL,
     finished_at REAL, done_seq INTEGER, update_json TEXT, state_after TEXT, error TEXT,
-    PRIMARY KEY (run_id, step_id));
+    prev_status TEXT, PRIMARY KEY (run_id, step_id));
 CREATE TABLE IF NOT EXISTS sg_compensations (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL,
     idempotency_key TEXT NOT NULL, status TEXT NOT NULL, triggered_by TEXT NOT NULL,
@@ -163,15 +163,19 @@ class SqliteJournal:
     def step_start(self, run_id: str, step_id: str, node: str,
                    tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
         step = StepRecord(run_id, step_id, node, tuple(tags))
-        with self._tx() as db:
-            row = db.execute("SELECT status, attempt FROM sg_steps WHERE run_id = ? AND"
-                             " step_id = ?", (run_id, step_id)).fetchone()
-            step.attempt = row[1] + 1 if row else 1
-            db.execute("INSERT OR REPLACE INTO sg_steps (run_id, step_id, node, tags, status,"
-                       " attempt, started_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (run_id, step_id, node, json.dumps(list(tags)), step.status.value,
-                        step.attempt, step.started_at))
-        return step, StepStatus(row[0]) if row else None
+        # One statement: SET expressions see the old row, so prev_status keeps the status the
+        # step had before this start (STARTED means a previous run of it never finished).
+        row = self._db().execute(
+            "INSERT INTO sg_steps (run_id, step_id, node, tags, status, attempt, started_at)"
+            " VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (run_id, step_id) DO UPDATE SET"
+            " prev_status = status, status = excluded.status, attempt = attempt + 1,"
+            " started_at = excluded.started_at, finished_at = NULL, done_seq = NULL,"
+            " update_json = NULL, state_after = NULL, error = NULL"
+            " RETURNING attempt, prev_status",
+            (run_id, step_id, node, json.dumps(list(tags)), step.status.value,
+             step.started_at)).fetchone()
+        step.attempt = row[0]
+        return step, StepStatus(row[1]) if row[1] else None
 
     def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
                     state_after: Any = None, error: ErrorInfo | None = None) -> None:

@@ -107,7 +107,11 @@ class _Unwinder:
             invariant=self.cause.invariant, in_doubt=item.in_doubt)
 
     def state_for(self, step: StepRecord) -> Any:
-        return step.state_after if step.state_after is not None else self.fallback_state
+        if step.state_after is not None:
+            return step.state_after
+        if callable(self.fallback_state):  # computed only when a step has no state of its own
+            self.fallback_state = self.fallback_state()
+        return self.fallback_state
 
     def record(self, item: _Planned, number: int, started: float, result: Any,
                error: BaseException | None, last: bool) -> CompensationStatus:
@@ -161,7 +165,11 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
            include_in_doubt: bool = False, triggered_by: str = "automatic",
            fallback_state: Any = None, on_event: EventCallback | None = None,
            sleep: Callable[[float], None] = time.sleep) -> UnwindReport:
-    """Compensate every step of ``run_id`` that had its effect, newest first (see module doc)."""
+    """Compensate every step of ``run_id`` that had its effect, newest first (see module doc).
+
+    Each compensation gets the state journaled right after its step; ``fallback_state`` (a
+    value, or a zero-argument callable computed on first need) stands in for steps that have
+    none, such as a step left in doubt by a dead process."""
     u = _Unwinder(journal, run_id, spec, cause, triggered_by=triggered_by,
                   fallback_state=fallback_state, on_event=on_event)
     _start(journal, run_id, on_event)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import operator
+from typing import Annotated, TypedDict
+
 import pytest
 
 from stateguard import (
@@ -16,6 +19,10 @@ from stateguard import (
 from tests.core.support import FAST_RETRY, config, line_builder, undo
 
 NODES = ["reserve", "charge", "email", "ship"]
+
+
+class Wallet(TypedDict, total=False):
+    balance: Annotated[int, operator.add]
 
 
 def guard_for(log: list[str], **kwargs: object) -> StateGuardCheckpointer:
@@ -195,3 +202,24 @@ def test_it_undoes_a_parallel_sibling_that_succeeded_next_to_a_failing_one() -> 
     with pytest.raises(SagaAborted):
         guard.invoke(guard.compile(builder), {}, config("r8"))
     assert effects == ["charge", "notify", "undo:notify", "undo:charge"]
+
+
+def test_it_catches_a_violation_made_by_parallel_nodes_together_in_the_last_step() -> None:
+    from langgraph.graph import END, START, StateGraph
+
+    effects: list[str] = []
+    builder = StateGraph(Wallet)
+    builder.add_node("fee", lambda s: effects.append("fee") or {"balance": -30})
+    builder.add_node("tax", lambda s: effects.append("tax") or {"balance": -30})
+    builder.add_edge(START, "fee")
+    builder.add_edge(START, "tax")
+    builder.add_edge("fee", END)
+    builder.add_edge("tax", END)
+    guard = StateGuardCheckpointer(invariants=[lambda s: s.get("balance", 0) >= 0],
+                                   compensations={"fee": undo(effects, "fee"),
+                                                  "tax": undo(effects, "tax")})
+    # each node alone leaves 20; together they leave -10, which only the final check sees
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(guard.compile(builder), {"balance": 50}, config("par"))
+    assert sorted(caught.value.report.compensated) == ["fee", "tax"]
+    assert caught.value.cause.phase == "at the end"  # type: ignore[union-attr]
