@@ -55,7 +55,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
                  on_error: Literal["compensate", "hold"] = "compensate",
-                 lease_ttl: float = 60.0) -> None:
+                 lease_ttl: float = 60.0, lease_heartbeat: float | None = None) -> None:
         if saver is None:
             saver = InMemorySaver()
         if not isinstance(saver, BaseCheckpointSaver):
@@ -69,7 +69,8 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         self.saver = saver
         self.core = GuardCore(invariants=invariants, compensations=compensations,
                               approvals=approvals, compensation_retry=compensation_retry,
-                              journal=journal, on_event=on_event, lease_ttl=lease_ttl)
+                              journal=journal, on_event=on_event, lease_ttl=lease_ttl,
+                              lease_heartbeat=lease_heartbeat)
         self.on_error = on_error
         self._observer = DropInObserver(self.core)
 

@@ -3,8 +3,10 @@ journal, the event callback, leases, and the unwind."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,6 +33,8 @@ from stateguard.spec import (
 )
 from stateguard.unwind import Cause, aunwind, unwind
 
+logger = logging.getLogger("stateguard")
+
 
 class GuardCore:
     def __init__(self, *, invariants: Iterable[Any] = (),
@@ -38,7 +42,7 @@ class GuardCore:
                  approvals: Iterable[str] | Mapping[str, Any] | None = None,
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
-                 lease_ttl: float = 60.0) -> None:
+                 lease_ttl: float = 60.0, lease_heartbeat: float | None = None) -> None:
         if compensation_retry is not None and not isinstance(compensation_retry,
                                                              CompensationRetry):
             raise ConfigurationError("compensation_retry must be a CompensationRetry")
@@ -48,12 +52,16 @@ class GuardCore:
             raise ConfigurationError("on_event must be callable")
         if lease_ttl <= 0:
             raise ConfigurationError("lease_ttl must be positive")
+        if lease_heartbeat is not None and not 0 < lease_heartbeat < lease_ttl:
+            raise ConfigurationError("lease_heartbeat must be positive and below lease_ttl")
         self.spec = GuardSpec(build_invariants(invariants), build_compensations(compensations),
                               build_approvals(approvals), compensation_retry or CompensationRetry())
         self.journal: Journal = journal if journal is not None else InMemoryJournal()
         self.on_event = on_event
         self.lease_ttl = lease_ttl
+        self.lease_heartbeat = lease_heartbeat
         self._held: dict[str, tuple[str, float]] = {}  # run id -> (owner, last renewal)
+        self._lost: set[str] = set()  # runs whose lease the heartbeat found taken over
 
     # -- leases ------------------------------------------------------------------------------
     @contextmanager
@@ -67,14 +75,44 @@ class GuardCore:
             held = self.journal.run_get(run_id)
             raise RunLocked(run_id, held.lock_owner if held else None)
         self._held[run_id] = (owner, time.monotonic())
+        self._lost.discard(run_id)
+        stop = threading.Event()
+        beat = None
+        if self.lease_heartbeat is not None:
+            beat = threading.Thread(target=self._heartbeat, args=(run_id, owner, stop),
+                                    name=f"stateguard-lease-{run_id}", daemon=True)
+            beat.start()
         try:
             yield owner
         finally:
+            stop.set()
+            if beat is not None:
+                beat.join()
             self._held.pop(run_id, None)
             self.journal.lock_release(run_id, owner)
 
+    def _heartbeat(self, run_id: str, owner: str, stop: threading.Event) -> None:
+        """Keep the lease alive while a long node runs; a node cannot renew it by itself."""
+        assert self.lease_heartbeat is not None
+        try:
+            while not stop.wait(self.lease_heartbeat):
+                if not self.journal.lock_acquire(run_id, owner, self.lease_ttl):
+                    self._lost.add(run_id)
+                    return
+                self._held[run_id] = (owner, time.monotonic())
+        except Exception:
+            logger.exception("lease heartbeat for run %s failed", run_id)
+            self._lost.add(run_id)
+        finally:
+            # Journals with per-thread resources (a Django DB connection) may free them here.
+            done = getattr(self.journal, "close_thread_resources", None)
+            if callable(done):
+                done()
+
     def renew_lease(self, run_id: str) -> None:
         """Extend a lease this process holds, at most every third of its lifetime."""
+        if run_id in self._lost:
+            raise RunLocked(run_id)
         held = self._held.get(run_id)
         if held is None or time.monotonic() - held[1] < self.lease_ttl / 3:
             return

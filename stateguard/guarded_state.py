@@ -10,7 +10,7 @@ from typing import Any
 
 from stateguard.core import GuardCore
 from stateguard.events import Event, EventCallback, emit
-from stateguard.exceptions import InvalidRunState, InvariantViolation, SagaAborted
+from stateguard.exceptions import InvalidRunState, InvariantViolation, RunLocked, SagaAborted
 from stateguard.journal import Journal
 from stateguard.records import ErrorInfo, RunStatus, StepStatus
 from stateguard.report import UnwindReport
@@ -73,8 +73,10 @@ class GuardedState:
             if exc_type is None:
                 self.core.set_status(self.run_id, RunStatus.SUCCEEDED)
                 return
-            if exc is None or not isinstance(exc, Exception):
-                return  # KeyboardInterrupt & co.: leave the run in doubt for recovery
+            if exc is None or not isinstance(exc, Exception) or isinstance(exc, RunLocked):
+                # KeyboardInterrupt & co. leave the run in doubt for recovery; a lost lease
+                # leaves it to whoever took it over.
+                return
             self.report = self.core.unwind(self.run_id, self.core.cause_of(exc),
                                            fallback_state=dict(self.state))
         raise SagaAborted(exc, self.report) from exc

@@ -6,13 +6,28 @@ can store them without knowing StateGuard's classes.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 
+def json_default(value: Any) -> Any:
+    """``json.dumps(default=...)`` for journals: pydantic models and dataclasses as dicts, sets
+    as lists, anything else as its ``repr`` (a journal must never fail to record a step)."""
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)
+
+
 class RunStatus(StrEnum):
+    PENDING = "pending"  # submitted, not started yet (the web app queues runs)
     RUNNING = "running"
     PAUSED = "paused"  # waiting for an operator's approval
     FAILED = "failed"  # stopped by an error, held for an operator (retry or compensate)

@@ -40,6 +40,14 @@ class UnwindReport:
         """Nodes whose effect was undone by this unwind, in the order they were undone."""
         return [o.node for o in self.outcomes if o.status == CompensationStatus.SUCCEEDED]
 
+    def raise_if_needs_attention(self) -> None:
+        """Raise ``CompensationFailed`` for the first effect that could not be undone."""
+        from stateguard.exceptions import CompensationFailed
+
+        for o in self.outcomes:
+            if o.status in (CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT):
+                raise CompensationFailed(o.node, [str(e) for e in o.errors])
+
     def summary(self) -> str:
         if not self.outcomes:
             return "nothing to compensate"

@@ -18,6 +18,7 @@ from stateguard.exceptions import (
     ConfigurationError,
     InvalidRunState,
     InvariantViolation,
+    RunLocked,
     RunNotFound,
     SagaAborted,
 )
@@ -165,7 +166,12 @@ class GuardRunner:
         return out
 
     def _hold(self, config: RunnableConfig, exc: Exception) -> bool:
-        """With ``on_error="hold"``, a node error leaves the run ``failed`` for an operator."""
+        """With ``on_error="hold"``, a node error leaves the run ``failed`` for an operator.
+
+        A lost lease is always "held": the run now belongs to whoever took it over, and only
+        they may unwind or resume it."""
+        if isinstance(exc, RunLocked):
+            return True
         if self.on_error != "hold" or isinstance(exc, (InvariantViolation, ApprovalRejected)):
             return False
         cause = self.core.cause_of(exc)

@@ -29,6 +29,7 @@ from stateguard.records import (
     RunStatus,
     StepRecord,
     StepStatus,
+    json_default,
 )
 
 _SCHEMA = """
@@ -56,19 +57,8 @@ CREATE TABLE IF NOT EXISTS sg_approvals (
 """
 
 
-def _default(value: Any) -> Any:
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    return repr(value)
-
-
 def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=_default)
+    return None if value is None else json.dumps(value, default=json_default)
 
 
 def _loads(text: str | None) -> Any:

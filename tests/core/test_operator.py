@@ -113,3 +113,43 @@ def test_it_emits_events_and_survives_a_broken_listener() -> None:
                      ("compensation.succeeded", "a")]
     statuses = [e.data["status"] for e in events if e.type == "run.status"]
     assert statuses == ["running", "compensating", "compensated"]
+
+
+def test_it_keeps_the_lease_alive_through_a_slow_node_and_stops_when_it_is_taken() -> None:
+    import threading
+    import time
+
+    from stateguard import InMemoryJournal, RunLocked
+
+    effects: list[str] = []
+    journal = InMemoryJournal()
+    slow = {"b": lambda s: time.sleep(0.5) or {}}
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.2, lease_heartbeat=0.05)
+    graph = guard.compile(line_builder(NODES, effects, slow))
+    seen: list[bool] = []
+
+    def rival() -> None:
+        time.sleep(0.35)  # longer than the ttl: only the heartbeat keeps the lease
+        seen.append(journal.lock_acquire("hb", "rival", 5.0))
+
+    thread = threading.Thread(target=rival)
+    thread.start()
+    guard.invoke(graph, {}, config("hb"))
+    thread.join()
+    assert seen == [False] and effects == ["a", "b", "c"]
+
+    # Without a heartbeat, a rival that takes the expired lease stops the slow worker before
+    # its next node.
+    effects.clear()
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.2)
+    graph = guard.compile(line_builder(NODES, effects, slow))
+    thread = threading.Thread(target=lambda: (time.sleep(0.3),
+                                              seen.append(journal.lock_acquire("hb2", "rival",
+                                                                               5.0))))
+    thread.start()
+    with pytest.raises(RunLocked):
+        guard.invoke(graph, {}, config("hb2"))
+    thread.join()
+    assert seen[-1] is True
+    assert effects == ["a", "b"]  # c never ran, and nothing was unwound by the loser
+    assert guard.status("hb2").compensations == []

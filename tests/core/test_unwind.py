@@ -9,6 +9,7 @@ import pytest
 
 from stateguard import (
     Compensation,
+    CompensationFailed,
     CompensationRetry,
     CompensationStatus,
     InvariantViolation,
@@ -111,6 +112,9 @@ def test_it_ends_needs_attention_when_a_compensation_always_fails() -> None:
     # One compensation failing does not leave the other effects in place.
     assert "undo:reserve" in effects
     assert guard.status("r4").run.status == RunStatus.NEEDS_ATTENTION
+    with pytest.raises(CompensationFailed) as failed_exc:
+        report.raise_if_needs_attention()
+    assert failed_exc.value.node == "charge" and len(failed_exc.value.errors) == 4
 
 
 def test_it_skips_succeeded_compensations_when_the_unwind_runs_again() -> None:
