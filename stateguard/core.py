@@ -50,16 +50,18 @@ class GuardCore:
             raise ConfigurationError(f"{journal!r} does not implement the Journal protocol")
         if on_event is not None and not callable(on_event):
             raise ConfigurationError("on_event must be callable")
-        if lease_ttl <= 0:
-            raise ConfigurationError("lease_ttl must be positive")
-        if lease_heartbeat is not None and not 0 < lease_heartbeat < lease_ttl:
+        if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
+            raise ConfigurationError("lease_ttl must be a positive number of seconds")
+        if lease_heartbeat is None:
+            lease_heartbeat = lease_ttl / 3
+        if not isinstance(lease_heartbeat, (int, float)) or not 0 < lease_heartbeat < lease_ttl:
             raise ConfigurationError("lease_heartbeat must be positive and below lease_ttl")
         self.spec = GuardSpec(build_invariants(invariants), build_compensations(compensations),
                               build_approvals(approvals), compensation_retry or CompensationRetry())
         self.journal: Journal = journal if journal is not None else InMemoryJournal()
         self.on_event = on_event
-        self.lease_ttl = lease_ttl
-        self.lease_heartbeat = lease_heartbeat
+        self.lease_ttl = float(lease_ttl)
+        self.lease_heartbeat = float(lease_heartbeat)
         self._held: dict[str, tuple[str, float]] = {}  # run id -> (owner, last renewal)
         self._lost: set[str] = set()  # runs whose lease the heartbeat found taken over
 
@@ -77,23 +79,19 @@ class GuardCore:
         self._held[run_id] = (owner, time.monotonic())
         self._lost.discard(run_id)
         stop = threading.Event()
-        beat = None
-        if self.lease_heartbeat is not None:
-            beat = threading.Thread(target=self._heartbeat, args=(run_id, owner, stop),
-                                    name=f"stateguard-lease-{run_id}", daemon=True)
-            beat.start()
+        beat = threading.Thread(target=self._heartbeat, args=(run_id, owner, stop),
+                                name=f"stateguard-lease-{run_id}", daemon=True)
+        beat.start()
         try:
             yield owner
         finally:
             stop.set()
-            if beat is not None:
-                beat.join()
+            beat.join()
             self._held.pop(run_id, None)
             self.journal.lock_release(run_id, owner)
 
     def _heartbeat(self, run_id: str, owner: str, stop: threading.Event) -> None:
-        """Keep the lease alive while a long node runs; a node cannot renew it by itself."""
-        assert self.lease_heartbeat is not None
+        """Keep the lease alive while a long node or compensation runs."""
         try:
             while not stop.wait(self.lease_heartbeat):
                 if not self.journal.lock_acquire(run_id, owner, self.lease_ttl):
@@ -109,10 +107,14 @@ class GuardCore:
             if callable(done):
                 done()
 
-    def renew_lease(self, run_id: str) -> None:
-        """Extend a lease this process holds, at most every third of its lifetime."""
+    def check_lease(self, run_id: str) -> None:
+        """Raise ``RunLocked`` if the heartbeat found this process's lease taken over."""
         if run_id in self._lost:
             raise RunLocked(run_id)
+
+    def renew_lease(self, run_id: str) -> None:
+        """Extend a lease this process holds, at most every third of its lifetime."""
+        self.check_lease(run_id)
         held = self._held.get(run_id)
         if held is None or time.monotonic() - held[1] < self.lease_ttl / 3:
             return
@@ -143,11 +145,12 @@ class GuardCore:
                triggered_by: str = "automatic", fallback_state: Any = None) -> UnwindReport:
         return unwind(self.journal, run_id, self.spec, cause, include_in_doubt=include_in_doubt,
                       triggered_by=triggered_by, fallback_state=fallback_state,
-                      on_event=self.on_event)
+                      on_event=self.on_event, check=lambda: self.check_lease(run_id))
 
     async def aunwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
                       triggered_by: str = "automatic", fallback_state: Any = None
                       ) -> UnwindReport:
         return await aunwind(self.journal, run_id, self.spec, cause,
                              include_in_doubt=include_in_doubt, triggered_by=triggered_by,
-                             fallback_state=fallback_state, on_event=self.on_event)
+                             fallback_state=fallback_state, on_event=self.on_event,
+                             check=lambda: self.check_lease(run_id))

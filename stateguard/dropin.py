@@ -30,7 +30,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 
 from stateguard.core import GuardCore
-from stateguard.exceptions import ConfigurationError, InvariantViolation
+from stateguard.exceptions import ConfigurationError, InvalidRunState, InvariantViolation
 from stateguard.instrument import INSTRUMENTED_KEY, RUNNER_KEY, node_tags
 from stateguard.records import RunStatus, StepStatus
 from stateguard.report import UnwindReport
@@ -59,11 +59,11 @@ class DropInObserver:
         self._values: OrderedDict[str, dict[str, Any]] = OrderedDict()  # checkpoint id -> state
         self._warned = False
         self._graphs: dict[int, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = {}
-        self._tags: dict[str, tuple[str, ...]] = {}
+        # run id -> (node tags, channels) of the graph it runs
+        self._runs: dict[str, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = {}
         # Runs whose checkpoint raised a violation: LangGraph saves none of their later
         # checkpoints, so nothing may wait for one.
         self._stopped: set[str] = set()
-        self._channels: Mapping[str, Any] = {}
 
     @staticmethod
     def mode(config: RunnableConfig) -> str | None:
@@ -78,7 +78,16 @@ class DropInObserver:
     def on_run_start(self, config: RunnableConfig) -> None:
         if self.mode(config) != "observe":
             return
-        self._learn_graph()
+        graph = self._starting_graph()
+        if graph is None:
+            return  # get_state() and other reads, not a run
+        run_id = str(config.get("configurable", {}).get("thread_id"))
+        self._learn_graph(run_id, graph)
+        run = self.core.journal.run_get(run_id)
+        if run is not None and run.status in _ABORTED:
+            raise InvalidRunState(
+                f"run {run_id!r} was unwound ({run.status}); continuing it would run its "
+                "nodes only to compensate them: start a new thread_id")
         if self.core.spec.approvals:
             raise ConfigurationError(
                 "approval gates need the guarded path: graph = guard.compile(builder)")
@@ -92,32 +101,35 @@ class DropInObserver:
                 "invoke with durability='sync', to stop the run before the next node.",
                 StateGuardWarning, stacklevel=2)
 
-    def _learn_graph(self) -> None:
-        """Find the compiled graph that is starting, to validate names and learn tags/reducers.
+    @staticmethod
+    def _starting_graph() -> Any:
+        """The compiled graph whose run is starting, or ``None`` if this is not a run start.
 
         The checkpointer is never told which graph it serves; LangGraph calls ``get_tuple`` from
-        inside ``Pregel.stream``, so the graph is the ``self`` of a frame a few levels up. If it
-        cannot be found, names stay unvalidated and updates are applied without reducers.
-        """
+        inside ``Pregel.stream``/``astream`` as a run begins, so the graph is the ``self`` of
+        that frame a few levels up (``get_state`` reads go through other methods)."""
         from langgraph.pregel import Pregel
 
-        frame = sys._getframe(1)
+        frame = sys._getframe(2)
         for _ in range(40):
             if frame is None:
-                return
+                return None
             graph = frame.f_locals.get("self")
             if isinstance(graph, Pregel):
-                break
+                return graph if frame.f_code.co_name in ("stream", "astream") else None
             frame = frame.f_back  # type: ignore[assignment]
-        else:
-            return
+        return None
+
+    def _learn_graph(self, run_id: str, graph: Any) -> None:
+        """Validate the guard's names against the graph, and keep its tags and reducers for
+        this run (several graphs may share one guard)."""
         known = self._graphs.get(id(graph))
         if known is None:
             nodes = {name: node_tags(node.metadata) for name, node in graph.nodes.items()
                      if not name.startswith("__")}
             self.core.spec.validate_names(nodes)
             known = self._graphs[id(graph)] = (nodes, graph.channels)
-        self._tags, self._channels = known[0], known[1]
+        self._runs[run_id] = known
 
     # -- ordering ---------------------------------------------------------------------------
     @contextmanager
@@ -183,7 +195,8 @@ class DropInObserver:
             return
         conf = config["configurable"]
         run_id = str(conf["thread_id"])
-        journal, tags = self.core.journal, self._tags.get(node, ())
+        node_tags_, channels = self._runs.get(run_id, ({}, {}))
+        journal, tags = self.core.journal, node_tags_.get(node, ())
         error = next((v for c, v in writes if c == _ERROR), None)
         observing = self.mode(config) == "observe"  # else the node wrappers journal the steps
         if observing:
@@ -203,8 +216,7 @@ class DropInObserver:
         if not observing:
             return
         update = {c: v for c, v in writes if not is_internal_channel(c)}
-        after = apply_update(self._channels, self._state_of(run_id, conf.get("checkpoint_id")),
-                             update)
+        after = apply_update(channels, self._state_of(run_id, conf.get("checkpoint_id")), update)
         journal.step_finish(run_id, task_id, StepStatus.SUCCEEDED, update=update,
                             state_after=after)
         run = journal.run_get(run_id)

@@ -10,7 +10,13 @@ from typing import Any
 
 from stateguard.core import GuardCore
 from stateguard.events import Event, EventCallback, emit
-from stateguard.exceptions import InvalidRunState, InvariantViolation, RunLocked, SagaAborted
+from stateguard.exceptions import (
+    ConfigurationError,
+    InvalidRunState,
+    InvariantViolation,
+    RunLocked,
+    SagaAborted,
+)
 from stateguard.journal import Journal
 from stateguard.records import ErrorInfo, RunStatus, StepStatus
 from stateguard.report import UnwindReport
@@ -42,7 +48,7 @@ class GuardedState:
                  journal: Journal | None = None, on_event: EventCallback | None = None,
                  lease_ttl: float = 60.0) -> None:
         if not isinstance(run_id, str) or not run_id:
-            raise InvalidRunState("GuardedState needs a non-empty run_id")
+            raise ConfigurationError("GuardedState needs a non-empty run_id")
         self.core = GuardCore(invariants=invariants, compensations=compensations,
                               compensation_retry=compensation_retry, journal=journal,
                               on_event=on_event, lease_ttl=lease_ttl)
@@ -61,15 +67,17 @@ class GuardedState:
         self._count = len(self.core.journal.steps(self.run_id))
         self.core.set_status(self.run_id, RunStatus.RUNNING)
         found = self.core.spec.first_violation(self.state)
-        if found is not None:
-            self.__exit__(InvariantViolation, None, None)
-            raise InvariantViolation(found[0].name, found[1], phase="before the first step")
+        if found is not None:  # raises SagaAborted, with nothing to undo yet
+            exc = InvariantViolation(found[0].name, found[1], phase="before the first step")
+            self.__exit__(InvariantViolation, exc, None)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        assert self._lease is not None, "GuardedState block was not entered"
-        with self._lease:
+        if self._lease is None:
+            raise InvalidRunState("GuardedState block was not entered")
+        lease, self._lease = self._lease, None  # steps after the block are refused
+        with lease:
             if exc_type is None:
                 self.core.set_status(self.run_id, RunStatus.SUCCEEDED)
                 return
@@ -121,9 +129,10 @@ class GuardedState:
         emit(self.core.on_event, Event("step.started", self.run_id, name, step_id))
         return step_id
 
-    def _fail(self, name: str, step_id: str, exc: Exception) -> None:
+    def _fail(self, name: str, step_id: str, exc: Exception,
+              status: StepStatus = StepStatus.FAILED) -> None:
         error = ErrorInfo.from_exception(exc)
-        self.core.journal.step_finish(self.run_id, step_id, StepStatus.FAILED, error=error)
+        self.core.journal.step_finish(self.run_id, step_id, status, error=error)
         emit(self.core.on_event, Event("step.failed", self.run_id, name, step_id,
                                        {"error": str(error)}))
         with contextlib.suppress(AttributeError):
@@ -133,7 +142,8 @@ class GuardedState:
         if result is not None and not isinstance(result, Mapping):
             exc = TypeError(f"step {name!r} returned {type(result).__name__}; "
                             "a step returns a dict of state updates or None")
-            self._fail(name, step_id, exc)
+            # The body ran, so its effect happened: it is compensated like a violation.
+            self._fail(name, step_id, exc, StepStatus.VIOLATED)
             raise exc
         update = dict(result or {})
         after = {**self.state, **update}

@@ -124,24 +124,46 @@ class _NodeWrapper:
                                         reason=approval.reason), self.name)
         emit(self.core.on_event, Event("approval.requested", run_id, self.name, step_id,
                                        {"payload": approval.payload}))
-        interrupt({"stateguard": "approval", "run_id": run_id, "node": self.name,
-                   "step_id": step_id})
+        request = {"stateguard": "approval", "run_id": run_id, "node": self.name,
+                   "step_id": step_id}
+        interrupt(request)
+        # Reached only when someone resumed the graph with Command(resume=...) instead of
+        # guard.approve(): the journal, not the resume value, decides.
+        decided = next((a for a in journal.approvals(run_id) if a.step_id == step_id), approval)
+        if decided.status == ApprovalStatus.APPROVED:
+            return
+        if decided.status == ApprovalStatus.REJECTED:
+            raise _tag(ApprovalRejected(self.name, by=decided.decided_by,
+                                        reason=decided.reason), self.name)
+        interrupt({**request, "still_pending": True})  # pauses again: no second resume value
 
     def _failed(self, run_id: str, step_id: str, exc: BaseException) -> None:
         if isinstance(exc, GraphBubbleUp):  # the node paused itself; it will run again
-            status, error = StepStatus.FAILED, ErrorInfo("Interrupted", "node paused")
-        else:
-            status, error = StepStatus.FAILED, ErrorInfo.from_exception(exc)
-            _tag(exc, self.name)
-        self.core.journal.step_finish(run_id, step_id, status, error=error)
-        if not isinstance(exc, GraphBubbleUp):
-            emit(self.core.on_event, Event("step.failed", run_id, self.name, step_id,
-                                           {"error": str(error)}))
+            self.core.journal.step_finish(run_id, step_id, StepStatus.FAILED,
+                                          error=ErrorInfo("Interrupted", "node paused"))
+            return
+        if not isinstance(exc, Exception):
+            # Cancelled (a parallel sibling failed, under asyncio) or interrupted mid-body: the
+            # effect may or may not have happened. The step stays "started", in doubt.
+            return
+        error = ErrorInfo.from_exception(exc)
+        _tag(exc, self.name)
+        self.core.journal.step_finish(run_id, step_id, StepStatus.FAILED, error=error)
+        emit(self.core.on_event, Event("step.failed", run_id, self.name, step_id,
+                                       {"error": str(error)}))
 
     def _after(self, run_id: str, step_id: str, values: dict[str, Any], result: Any) -> Any:
         core = self.core
-        update = update_of(result)
-        after = apply_update(self.channels, values, update)
+        try:
+            update = update_of(result)
+            after = apply_update(self.channels, values, update)
+        except Exception as bad_result:
+            # The body ran (its effect happened) but its result cannot be applied: journal it
+            # as a step to compensate, then fail the run.
+            core.journal.step_finish(run_id, step_id, StepStatus.VIOLATED, update=repr(result),
+                                     state_after=values,
+                                     error=ErrorInfo.from_exception(bad_result))
+            raise _tag(bad_result, self.name) from None
         found = core.spec.first_violation(after)
         if found is None:
             core.journal.step_finish(run_id, step_id, StepStatus.SUCCEEDED, update=update,

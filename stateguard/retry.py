@@ -25,6 +25,11 @@ class CompensationRetry:
     jitter: float = 0.5
 
     def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool):
+            raise ConfigurationError("CompensationRetry.attempts must be an int")
+        numbers = (self.initial, self.factor, self.cap, self.jitter)
+        if not all(isinstance(n, (int, float)) and not isinstance(n, bool) for n in numbers):
+            raise ConfigurationError("CompensationRetry delays must be numbers")
         if self.attempts < 1:
             raise ConfigurationError("CompensationRetry.attempts must be at least 1")
         if self.initial < 0 or self.cap < 0 or self.factor < 1:

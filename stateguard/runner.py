@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
+from langgraph.types import Command
 
 from stateguard.events import Event, emit
 from stateguard.exceptions import (
@@ -22,8 +23,8 @@ from stateguard.exceptions import (
     RunNotFound,
     SagaAborted,
 )
-from stateguard.instrument import INSTRUMENTED_KEY, RUNNER_KEY, instrument
-from stateguard.records import ApprovalRecord, ApprovalStatus, RunStatus, RunView
+from stateguard.instrument import INSTRUMENTED_KEY, NODE_ATTR, RUNNER_KEY, instrument
+from stateguard.records import ApprovalRecord, ApprovalStatus, RunStatus, RunView, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.state import state_values
 from stateguard.unwind import Cause
@@ -37,7 +38,8 @@ _CRASHED = frozenset({RunStatus.RUNNING, RunStatus.COMPENSATING})
 
 
 def run_id_of(config: RunnableConfig) -> str:
-    thread_id = (config or {}).get("configurable", {}).get("thread_id")
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    thread_id = configurable.get("thread_id") if isinstance(configurable, dict) else None
     if thread_id in (None, ""):
         raise ConfigurationError('config needs {"configurable": {"thread_id": ...}}')
     return str(thread_id)
@@ -91,21 +93,46 @@ class GuardRunner:
     # -- running ----------------------------------------------------------------------------
     def invoke(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
                **kwargs: Any) -> Any:
-        """Run ``graph`` as a saga. Returns the output (with ``__interrupt__`` when paused for an
-        approval); raises ``SagaAborted`` after unwinding when the run fails."""
-        self._check_graph(graph)
-        run_id = run_id_of(config)
+        """Run ``graph`` as a new saga. Returns the output (with ``__interrupt__`` when paused
+        for an approval); raises ``SagaAborted`` after unwinding when the run fails.
+
+        A thread runs one saga: invoking a thread that already ran raises ``InvalidRunState``
+        (continue it with ``approve``, ``retry`` or ``compensate`` instead; starting it again
+        from its input would repeat every effect)."""
+        run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):  # creates the run if it is new
+            self._check_new(run_id)
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, input, config, kwargs)
 
     async def ainvoke(self, graph: Pregel[Any, Any, Any, Any], input: Any,
                       config: RunnableConfig, **kwargs: Any) -> Any:
-        self._check_graph(graph)
-        run_id = run_id_of(config)
-        with self.core.lease(run_id):  # creates the run if it is new
+        run_id = self._begin(graph, input, config, kwargs)
+        with self.core.lease(run_id):
+            self._check_new(run_id)
             self.core.set_status(run_id, RunStatus.RUNNING)
             return await self._arun(graph, input, config, kwargs)
+
+    def _begin(self, graph: Any, input: Any, config: RunnableConfig,
+               kwargs: dict[str, Any]) -> str:
+        self._check_graph(graph)
+        if isinstance(input, Command):
+            raise ConfigurationError("resume a paused run with guard.approve() or "
+                                     "guard.reject(), not with a Command")
+        reserved = sorted(set(kwargs) & {"durability", "checkpoint_during", "config"})
+        if reserved:
+            raise ConfigurationError(f"the guard sets {reserved} itself")
+        return run_id_of(config)
+
+    def _check_new(self, run_id: str) -> None:
+        run = self._run_record(run_id)
+        # PENDING: queued by the web app; RUNNING with no step: just created by the lease, or
+        # claimed by a worker that died before its first node started.
+        if run.status == RunStatus.PENDING or (
+                run.status == RunStatus.RUNNING and not self.core.journal.steps(run_id)):
+            return
+        raise InvalidRunState(f"run {run_id!r} already ran ({run.status}); use approve, "
+                              "retry or compensate, or a new thread_id")
 
     def _run(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
              kwargs: dict[str, Any]) -> Any:
@@ -113,10 +140,10 @@ class GuardRunner:
         try:
             out = graph.invoke(input, config, durability="sync", **kwargs)
         except Exception as exc:
-            held = self._hold(config, exc)
-            if held:
+            if self._hold(config, exc):
                 raise
             report = self.core.unwind(run_id_of(config), self.core.cause_of(exc),
+                                      include_in_doubt=True,
                                       fallback_state=lambda: _values(graph, config))
             raise SagaAborted(exc, report) from exc
         next_nodes, values = self._ending(graph, config, out)
@@ -146,12 +173,14 @@ class GuardRunner:
         try:
             out = await graph.ainvoke(input, config, durability="sync", **kwargs)
         except Exception as exc:
-            held = self._hold(config, exc)
-            if held:
+            if self._hold(config, exc):
                 raise
-            state = state_values((await graph.aget_state(config)).values)
+            try:
+                state: Any = state_values((await graph.aget_state(config)).values)
+            except Exception:  # the unwind must not depend on reading the checkpoint back
+                state = None
             report = await self.core.aunwind(run_id_of(config), self.core.cause_of(exc),
-                                             fallback_state=lambda: state)
+                                             include_in_doubt=True, fallback_state=state)
             raise SagaAborted(exc, report) from exc
         if self._output_is_state(graph, out):
             next_nodes, values = _split_output(out)
@@ -166,16 +195,19 @@ class GuardRunner:
         return out
 
     def _hold(self, config: RunnableConfig, exc: Exception) -> bool:
-        """With ``on_error="hold"``, a node error leaves the run ``failed`` for an operator.
+        """Whether to leave the run for an operator instead of unwinding it now.
 
-        A lost lease is always "held": the run now belongs to whoever took it over, and only
-        they may unwind or resume it."""
+        - a lost lease: the run belongs to whoever took it over;
+        - an error that did not come from a node (LangGraph's own, a saver's): nothing says the
+          saga failed, so it is held ``failed`` for an operator to retry or compensate;
+        - with ``on_error="hold"``, a node's error too."""
         if isinstance(exc, RunLocked):
             return True
-        if self.on_error != "hold" or isinstance(exc, (InvariantViolation, ApprovalRejected)):
+        if isinstance(exc, (InvariantViolation, ApprovalRejected)):
             return False
-        cause = self.core.cause_of(exc)
-        self.core.set_status(run_id_of(config), RunStatus.FAILED, cause.error)
+        if self.on_error == "compensate" and getattr(exc, NODE_ATTR, None):
+            return False
+        self.core.set_status(run_id_of(config), RunStatus.FAILED, self.core.cause_of(exc).error)
         return True
 
     def _settle(self, config: RunnableConfig, next_nodes: tuple[str, ...],
@@ -193,62 +225,77 @@ class GuardRunner:
         return None
 
     # -- operator actions -------------------------------------------------------------------
-    def _pending(self, run_id: str, node: str | None) -> ApprovalRecord:
+    def _pending(self, run_id: str, node: str | None, step_id: str | None
+                 ) -> ApprovalRecord:
         pending = [a for a in self.core.journal.approvals(run_id)
-                   if a.status == ApprovalStatus.PENDING and node in (None, a.node)]
+                   if a.status == ApprovalStatus.PENDING and node in (None, a.node)
+                   and step_id in (None, a.step_id)]
         if not pending:
             what = f" for node {node!r}" if node else ""
             raise InvalidRunState(f"run {run_id!r} has no pending approval{what}")
         if len(pending) > 1:
             raise InvalidRunState(f"run {run_id!r} has {len(pending)} pending approvals; "
-                                  "name the node")
+                                  "name the step_id")
         return pending[0]
 
-    def _decide(self, run_id: str, node: str | None, status: ApprovalStatus, by: str | None,
-                reason: str) -> ApprovalRecord:
-        approval = self._pending(run_id, node)
+    def _decide(self, run_id: str, approval: ApprovalRecord, status: ApprovalStatus,
+                by: str | None, reason: str) -> None:
         if not self.core.journal.approval_decide(run_id, approval.step_id, status, by=by,
                                                  reason=reason):
             raise InvalidRunState(f"approval of {approval.node!r} was already decided")
         emit(self.core.on_event, Event("approval.decided", run_id, approval.node,
                                        approval.step_id, {"decision": str(status), "by": by}))
-        return approval
 
     def approve(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
-                by: str | None = None, node: str | None = None) -> Any:
+                by: str | None = None, node: str | None = None, step_id: str | None = None
+                ) -> Any:
         """Approve the pending gate and resume the run; the gated node runs exactly once."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            self._decide(run_id, node, ApprovalStatus.APPROVED, by, "")
+            self._decide(run_id, self._pending(run_id, node, step_id), ApprovalStatus.APPROVED,
+                         by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, None, config, {})
 
     async def aapprove(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
-                       by: str | None = None, node: str | None = None) -> Any:
+                       by: str | None = None, node: str | None = None,
+                       step_id: str | None = None) -> Any:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            self._decide(run_id, node, ApprovalStatus.APPROVED, by, "")
+            self._decide(run_id, self._pending(run_id, node, step_id), ApprovalStatus.APPROVED,
+                         by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return await self._arun(graph, None, config, {})
 
     def reject(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
-               by: str | None = None, node: str | None = None, reason: str = ""
-               ) -> UnwindReport:
+               by: str | None = None, node: str | None = None, step_id: str | None = None,
+               reason: str = "") -> UnwindReport:
         """Reject the pending gate: the gated node never runs and the run is unwound."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            approval = self._decide(run_id, node, ApprovalStatus.REJECTED, by, reason)
+            approval = self._pending(run_id, node, step_id)
+            self._decide(run_id, approval, ApprovalStatus.REJECTED, by, reason)
+            self._close_approvals(run_id, by, "another approval of the run was rejected")
             exc = ApprovalRejected(approval.node, by=by, reason=reason)
             return self.core.unwind(run_id, self.core.cause_of(exc),
                                     triggered_by=by or "operator",
-                                    fallback_state=state_values(graph.get_state(config).values))
+                                    fallback_state=lambda: _values(graph, config))
 
-    def retry(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> Any:
+    def _close_approvals(self, run_id: str, by: str | None, reason: str) -> None:
+        for approval in self.core.journal.approvals(run_id):
+            if approval.status == ApprovalStatus.PENDING:
+                self._decide(run_id, approval, ApprovalStatus.REJECTED, by, reason)
+
+    def retry(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
+              force: bool = False) -> Any:
         """Resume a failed (or crashed) run from where it stopped: ``invoke(None)`` semantics, so
-        succeeded steps never run again; only the failed or unfinished task does."""
+        succeeded steps never run again; only the failed or unfinished task does.
+
+        A step left in doubt by a dead process would run again, possibly repeating its effect:
+        that needs ``force=True`` (for nodes known to be idempotent)."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
@@ -256,6 +303,11 @@ class GuardRunner:
             if run.status not in _RESUMABLE:
                 raise InvalidRunState(f"run {run_id!r} is {run.status}; only a failed or "
                                       "crashed run can be retried")
+            doubtful = [s.node for s in self.core.journal.steps(run_id)
+                        if s.status == StepStatus.STARTED]
+            if doubtful and not force:
+                raise InvalidRunState(f"run {run_id!r} has steps in doubt {doubtful}: resuming "
+                                      "would run them again; compensate, or retry(force=True)")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, None, config, {})
 
@@ -267,25 +319,21 @@ class GuardRunner:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            run = self._run_record(run_id)
-            for approval in self.core.journal.approvals(run_id):
-                if approval.status == ApprovalStatus.PENDING:
-                    self._decide(run_id, approval.node, ApprovalStatus.REJECTED, by,
-                                 f"run compensated ({reason})")
-            # We hold the lease, so a run still marked running/compensating has lost its
-            # worker: its unfinished step is in doubt.
+            self._close_approvals(run_id, by, f"run compensated ({reason})")
+            # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
             return self.core.unwind(run_id, Cause(reason), triggered_by=by,
-                                    include_in_doubt=run.status in _CRASHED,
-                                    fallback_state=state_values(graph.get_state(config).values))
+                                    include_in_doubt=True,
+                                    fallback_state=lambda: _values(graph, config))
 
     def recover(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                 resume: bool = False) -> Any:
-        """Take over a run whose process died (its lease expired): unwind it, or resume it."""
+        """Take over a run whose process died (its lease expired): unwind it, or resume it
+        (``resume=True`` re-runs the step in doubt: only for idempotent nodes)."""
         run = self._run_record(run_id_of(config))
         if run.status not in _CRASHED:
             raise InvalidRunState(f"run {run.run_id!r} is {run.status}, not crashed")
-        if resume:
-            return self.retry(graph, config)
+        if resume and run.status == RunStatus.RUNNING:
+            return self.retry(graph, config, force=True)
         return self.compensate(graph, config, by="recovery", reason="crash")
 
     def status(self, config: RunnableConfig | str) -> RunView:

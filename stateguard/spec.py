@@ -66,6 +66,8 @@ class Compensation:
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise ConfigurationError(f"compensation {self.fn!r} is not callable")
+        if self.retry is not None and not isinstance(self.retry, CompensationRetry):
+            raise ConfigurationError("Compensation.retry must be a CompensationRetry")
 
 
 def _name(fn: Any) -> str:

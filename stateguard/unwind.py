@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,12 +165,14 @@ def _start(journal: Journal, run_id: str, on_event: EventCallback | None) -> Non
 def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
            include_in_doubt: bool = False, triggered_by: str = "automatic",
            fallback_state: Any = None, on_event: EventCallback | None = None,
-           sleep: Callable[[float], None] = time.sleep) -> UnwindReport:
+           sleep: Callable[[float], None] = time.sleep,
+           check: Callable[[], None] = lambda: None) -> UnwindReport:
     """Compensate every step of ``run_id`` that had its effect, newest first (see module doc).
 
     Each compensation gets the state journaled right after its step; ``fallback_state`` (a
     value, or a zero-argument callable computed on first need) stands in for steps that have
-    none, such as a step left in doubt by a dead process."""
+    none, such as a step left in doubt by a dead process. ``check`` runs before every attempt
+    and raises to stop (the lease was lost: another process owns the unwind now)."""
     u = _Unwinder(journal, run_id, spec, cause, triggered_by=triggered_by,
                   fallback_state=fallback_state, on_event=on_event)
     _start(journal, run_id, on_event)
@@ -178,17 +181,18 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
         if begun is None:
             continue
         record, done = begun
-        retry = item.compensation.retry if item.compensation and item.compensation.retry \
-            else spec.retry
+        assert item.compensation is not None
+        retry = item.compensation.retry or spec.retry
         status = CompensationStatus.RUNNING
         for i in range(retry.attempts):
             number, started = done + i + 1, time.time()
+            check()
             try:
                 assert item.compensation is not None
                 result = item.compensation.fn(u.state_for(item.step),
                                               u.context(item, record, number))
                 if inspect.isawaitable(result):
-                    result = asyncio.run(_await(result))
+                    result = _run_coroutine(result)
                 error: BaseException | None = None
             except Exception as exc:
                 result, error = None, exc
@@ -204,8 +208,8 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
 
 async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
                   include_in_doubt: bool = False, triggered_by: str = "automatic",
-                  fallback_state: Any = None, on_event: EventCallback | None = None
-                  ) -> UnwindReport:
+                  fallback_state: Any = None, on_event: EventCallback | None = None,
+                  check: Callable[[], None] = lambda: None) -> UnwindReport:
     """``unwind`` for asyncio: awaits async compensations, runs sync ones in a thread."""
     u = _Unwinder(journal, run_id, spec, cause, triggered_by=triggered_by,
                   fallback_state=fallback_state, on_event=on_event)
@@ -221,6 +225,7 @@ async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, 
         status = CompensationStatus.RUNNING
         for i in range(retry.attempts):
             number, started = done + i + 1, time.time()
+            check()
             ctx = u.context(item, record, number)
             try:
                 if inspect.iscoroutinefunction(comp.fn):
@@ -242,5 +247,15 @@ async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, 
     return u.report()
 
 
-async def _await(awaitable: Any) -> Any:
-    return await awaitable
+def _run_coroutine(awaitable: Any) -> Any:
+    """Run an async compensation from the sync unwind, even when this thread already runs an
+    event loop (then in a thread of its own, since a loop cannot be re-entered)."""
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, wait()).result()

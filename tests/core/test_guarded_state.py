@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from stateguard import (
     RunStatus,
     SagaAborted,
     SqliteJournal,
+    StepStatus,
 )
 from tests.core.support import FAST_RETRY, undo
 
@@ -67,17 +69,17 @@ def test_it_rejects_a_step_that_returns_no_dict() -> None:
 
 def test_it_recovers_a_run_left_in_doubt_from_another_guard(tmp_path: Path) -> None:
     log: list[str] = []
+    # What a process that died inside step "b" leaves behind: its expired lease, step "a"
+    # done, step "b" started.
     journal = SqliteJournal(tmp_path / "j.db")
-    first = GuardedState(run_id="g5", journal=journal, lease_ttl=0.05,
-                         compensations={"a": undo(log, "a")})
-    first.__enter__()
-    first.step("a", lambda s: {"a": 1})
-    first.core.journal.step_start("g5", "2:b", "b")  # the process "dies" inside step b
+    journal.lock_acquire("g5", "dead-process", 0.01)
+    journal.step_start("g5", "1:a", "a")
+    journal.step_finish("g5", "1:a", StepStatus.SUCCEEDED, state_after={"a": 1})
+    journal.step_start("g5", "2:b", "b")
+    time.sleep(0.02)
 
     second = GuardedState(run_id="g5", journal=SqliteJournal(tmp_path / "j.db"),
                           compensations={"a": undo(log, "a"), "b": undo(log, "b")})
-    import time
-    time.sleep(0.06)
     report = second.compensate(by="recovery", reason="crash")
     assert log == ["undo:a"]
     assert report.needs_attention  # b was in doubt and its compensation is not in_doubt_safe
