@@ -10,7 +10,7 @@ else
 PY := $(PYTHON)
 endif
 
-.PHONY: venv test lint typecheck run bench clean
+.PHONY: venv test lint typecheck run demo bench clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,9 @@ test: venv
 	$(BIN)/python -m pytest
 
 run: venv
+	$(BIN)/python tools/run_dev.py
+
+demo: venv
 	$(BIN)/python -m agents.demo
 
 bench: venv

@@ -1,0 +1,34 @@
+"""ASGI entry point: ``daphne stateguard_web.asgi:application``.
+
+HTTP goes to Django; websockets go through the session/auth middleware to
+``routing.websocket_urlpatterns``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
+
+# Set Django up before importing anything that may import models (consumers, routing).
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from stateguard_web.routing import websocket_urlpatterns  # noqa: E402
+
+# Under plain `daphne` (make run) nothing else serves static files, so in DEBUG do what
+# `runserver` does. In production a proxy serves STATIC_ROOT (docs/deploy.md).
+http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
+
+application = ProtocolTypeRouter(
+    {
+        "http": http_app,
+        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+    }
+)

@@ -1,0 +1,202 @@
+"""The saga journal: runs, their steps, compensations with every attempt, approvals, audit.
+
+Statuses are ``TextChoices`` backed by a ``CheckConstraint``; the rules that must never break
+(one pending approval per run and node, one compensation record per step) are DB constraints.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+def _status_check(name: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
+    return models.CheckConstraint(condition=Q(status__in=choices.values), name=name)
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending"  # submitted, waiting for a worker
+    RUNNING = "running"
+    PAUSED = "paused"  # waiting for an operator's approval
+    FAILED = "failed"  # held for an operator: retry or compensate
+    SUCCEEDED = "succeeded"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+class Run(models.Model):
+    Status = RunStatus
+
+    code = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    agent = models.CharField(max_length=100)
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    error = models.JSONField(null=True, blank=True)
+    # The worker executing the run holds a lease and renews it; the fencing token grows with
+    # every new holder, so writes from a worker that lost its lease are refused.
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                     on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [_status_check("sagas_run_status_valid", RunStatus)]
+        indexes = [
+            # dashboard: runs by status, newest first
+            models.Index(fields=["status", "-created_at"], name="sagas_run_status_created"),
+            # dashboard: runs of one agent, newest first
+            models.Index(fields=["agent", "-created_at"], name="sagas_run_agent_created"),
+            models.Index(fields=["-created_at"], name="sagas_run_created"),
+            # the sweeper: live runs whose lease ran out
+            models.Index(fields=["lease_expires_at"], name="sagas_run_live_lease",
+                         condition=Q(status__in=["running", "compensating"])),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.code} ({self.status})"
+
+    @property
+    def thread_id(self) -> str:
+        """The LangGraph thread and the saga journal's run id."""
+        return str(self.code)
+
+
+class StepStatus(models.TextChoices):
+    STARTED = "started"  # in doubt if its worker died
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    VIOLATED = "violated"
+
+
+class Step(models.Model):
+    Status = StepStatus
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    step_id = models.CharField(max_length=200)  # LangGraph task id
+    node = models.CharField(max_length=200)
+    tags = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.STARTED)
+    attempt = models.PositiveIntegerField(default=1)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    done_seq = models.PositiveIntegerField(null=True, blank=True)  # completion order in the run
+    update = models.JSONField(null=True, blank=True)
+    state_after = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "started_at"]
+        constraints = [
+            _status_check("sagas_step_status_valid", StepStatus),
+            models.UniqueConstraint(fields=["run", "step_id"], name="sagas_step_unique_task"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node} ({self.status})"
+
+
+class CompensationStatus(models.TextChoices):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    NOTHING_TO_UNDO = "nothing_to_undo"
+    FAILED = "failed"
+    SKIPPED_IN_DOUBT = "skipped_in_doubt"
+
+
+class Compensation(models.Model):
+    Status = CompensationStatus
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="compensations")
+    step = models.OneToOneField(Step, on_delete=models.CASCADE, related_name="compensation")
+    node = models.CharField(max_length=200)
+    idempotency_key = models.CharField(max_length=100, unique=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING)
+    triggered_by = models.CharField(max_length=150, default="automatic")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["run", "created_at"]
+        # One record per step (the OneToOne) holds every attempt, so a step can never have two
+        # succeeded compensations: re-runs skip a record that already succeeded.
+        constraints = [_status_check("sagas_compensation_status_valid", CompensationStatus)]
+
+    def __str__(self) -> str:
+        return f"undo {self.node} ({self.status})"
+
+
+class CompensationAttempt(models.Model):
+    compensation = models.ForeignKey(Compensation, on_delete=models.CASCADE,
+                                     related_name="attempts")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    ok = models.BooleanField()
+    result = models.CharField(max_length=200, blank=True, default="")
+    error = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["compensation", "number"]
+        constraints = [models.UniqueConstraint(fields=["compensation", "number"],
+                                               name="sagas_attempt_unique_number")]
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class Approval(models.Model):
+    Status = ApprovalStatus
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="approvals")
+    step_id = models.CharField(max_length=200)
+    node = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    decided_by = models.CharField(max_length=150, blank=True, default="")
+    reason = models.TextField(blank=True, default="")
+    requested_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "requested_at"]
+        constraints = [
+            _status_check("sagas_approval_status_valid", ApprovalStatus),
+            models.UniqueConstraint(fields=["run", "step_id"], name="sagas_approval_unique_task"),
+            models.UniqueConstraint(fields=["run", "node"], condition=Q(status="pending"),
+                                    name="sagas_approval_one_pending_per_node"),
+        ]
+
+
+class AuditEvent(models.Model):
+    """Append-only: who did what to which run, and when."""
+
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="audit_events")
+    actor = models.CharField(max_length=150)  # a username, or "system"/"worker:<host>"
+    action = models.CharField(max_length=50)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["run", "-created_at"], name="sagas_audit_run_created")]
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.pk is not None:
+            raise ValueError("audit events are append-only")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ValueError("audit events are append-only")

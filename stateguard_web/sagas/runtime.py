@@ -1,0 +1,72 @@
+"""Per-process construction of guards: one checkpoint saver and one compiled graph per agent.
+
+LangGraph checkpoints go to the official saver for the Django database: ``PostgresSaver`` on
+PostgreSQL, ``SqliteSaver`` (a file next to the Django database) on SQLite. Celery's prefork
+children each build their own after the fork.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from langgraph.checkpoint.base import BaseCheckpointSaver
+
+from agents import registry
+from agents.registry import AgentSpec
+from stateguard import StateGuardCheckpointer
+from stateguard_web.sagas.events import publish
+from stateguard_web.sagas.journal import DjangoJournal
+
+
+@cache
+def saver() -> BaseCheckpointSaver[Any]:
+    db = settings.DATABASES["default"]
+    if connection.vendor == "postgresql":
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        conninfo = psycopg.conninfo.make_conninfo(
+            dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
+            host=db.get("HOST") or None, port=db.get("PORT") or None)
+        conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=0,
+                               row_factory=dict_row)
+        pg = PostgresSaver(conn)  # type: ignore[arg-type]
+        pg.setup()
+        return pg
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    path = Path(str(db["NAME"])).with_suffix(".checkpoints.sqlite")
+    conn_sqlite = sqlite3.connect(path, check_same_thread=False, timeout=30)
+    conn_sqlite.execute("PRAGMA journal_mode=WAL")
+    return SqliteSaver(conn_sqlite)
+
+
+def _agent_environment() -> None:
+    # Agents are plain Python below the web app and read their settings from the environment;
+    # hand them the web app's.
+    os.environ.setdefault("STATEGUARD_SANDBOX_DIR", str(settings.STATEGUARD_SANDBOX_DIR))
+    os.environ.setdefault("STRIPE_API_KEY", settings.STRIPE_API_KEY)
+    os.environ.setdefault("STRIPE_API_BASE", settings.STRIPE_API_BASE)
+
+
+@cache
+def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
+    """The guard, the compiled graph and the spec of ``agent`` (``KeyError`` if unknown)."""
+    _agent_environment()
+    spec = registry.get(agent)
+    guard = StateGuardCheckpointer(
+        saver(), journal=DjangoJournal(), on_event=publish,
+        lease_ttl=settings.STATEGUARD_LEASE_SECONDS,
+        lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS, **spec.guard_kwargs())
+    return guard, guard.compile(spec.build()), spec
+
+
+def config_for(code: str) -> dict[str, Any]:
+    return {"configurable": {"thread_id": code}}

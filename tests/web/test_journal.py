@@ -1,0 +1,131 @@
+"""DjangoJournal: the core's saga guarantees on the Django models (PostgreSQL)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from django.db import IntegrityError
+
+from stateguard import (
+    ApprovalStatus,
+    Journal,
+    RunStatus,
+    SagaAborted,
+    StateGuardCheckpointer,
+    StepStatus,
+)
+from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
+from tests.core.support import FAST_RETRY, config, line_builder, undo
+
+pytestmark = pytest.mark.django_db(transaction=True)
+NODES = ["a", "b", "c", "d"]
+
+
+def new_run() -> str:
+    return str(Run.objects.create(agent="test").code)
+
+
+def test_it_implements_the_journal_protocol() -> None:
+    assert isinstance(DjangoJournal(), Journal)
+
+
+def test_it_journals_a_failed_saga_and_unwinds_it_in_reverse_order() -> None:
+    effects: list[str] = []
+    code = new_run()
+    guard = StateGuardCheckpointer(journal=DjangoJournal(), compensation_retry=FAST_RETRY,
+                                   compensations={n: undo(effects, n) for n in NODES})
+    with pytest.raises(SagaAborted):
+        guard.invoke(guard.compile(line_builder(NODES, effects)), {"fail_at": "d"},
+                     config(code))
+
+    assert effects == ["a", "b", "c", "undo:c", "undo:b", "undo:a"]
+    run = Run.objects.get(code=code)
+    assert run.status == Run.Status.COMPENSATED and run.error["type"] == "ValueError"
+    steps = {s.node: s for s in Step.objects.filter(run=run)}
+    assert {n: s.status for n, s in steps.items()} == {
+        "a": "succeeded", "b": "succeeded", "c": "succeeded", "d": "failed"}
+    assert steps["c"].state_after["log"] == ["a", "b", "c"]
+    comps = Compensation.objects.filter(run=run).order_by("attempts__finished_at")
+    assert [c.node for c in comps] == ["c", "b", "a"]
+    assert all(c.attempts.count() == 1 and c.status == "succeeded" for c in comps)
+    assert run.lease_owner == ""  # released
+
+
+def test_it_journals_every_attempt_of_a_failing_compensation() -> None:
+    effects: list[str] = []
+    code = new_run()
+
+    def broken(state: object, ctx: object) -> bool:
+        raise ConnectionError("refund API down")
+
+    guard = StateGuardCheckpointer(journal=DjangoJournal(), compensation_retry=FAST_RETRY,
+                                   compensations={"a": broken})
+    with pytest.raises(SagaAborted):
+        guard.invoke(guard.compile(line_builder(NODES, effects)), {"fail_at": "b"},
+                     config(code))
+    comp = Compensation.objects.get(run__code=code)
+    assert comp.status == "failed"
+    assert [a.error["message"] for a in comp.attempts.all()] == ["refund API down"] * 3
+    assert Run.objects.get(code=code).status == Run.Status.NEEDS_ATTENTION
+
+
+def test_it_fences_writes_from_a_worker_whose_lease_was_taken_over() -> None:
+    code = new_run()
+    slow, fast = DjangoJournal(), DjangoJournal()
+    assert slow.lock_acquire(code, "worker-1", 0.05)
+    slow.step_start(code, "t1", "a")
+    assert not fast.lock_acquire(code, "worker-2", 10)  # still held
+    time.sleep(0.06)
+    assert fast.lock_acquire(code, "worker-2", 10)  # expired: taken over, token bumped
+    with pytest.raises(LeaseLost):
+        slow.step_finish(code, "t1", StepStatus.SUCCEEDED)
+    with pytest.raises(LeaseLost):
+        slow.run_set_status(code, RunStatus.SUCCEEDED)
+    assert not slow.lock_acquire(code, "worker-1", 10)  # its heartbeat cannot win it back
+    fast.step_finish(code, "t1", StepStatus.SUCCEEDED)
+    run = Run.objects.get(code=code)
+    assert (run.lease_owner, run.fencing_token) == ("worker-2", 2)
+    assert Step.objects.get(run=run).status == "succeeded"
+
+
+def test_it_decides_an_approval_once() -> None:
+    from stateguard.records import ApprovalRecord
+
+    code = new_run()
+    journal = DjangoJournal()
+    journal.approval_request(ApprovalRecord(code, "t1", "charge", payload={"amount": 5}))
+    assert journal.approval_decide(code, "t1", ApprovalStatus.APPROVED, by="alice")
+    assert not journal.approval_decide(code, "t1", ApprovalStatus.REJECTED, by="bob")
+    (approval,) = journal.approvals(code)
+    assert (approval.status, approval.decided_by) == (ApprovalStatus.APPROVED, "alice")
+
+
+def test_it_keeps_one_pending_approval_per_run_and_node_in_the_database() -> None:
+    run = Run.objects.create(agent="test")
+    Approval.objects.create(run=run, step_id="t1", node="charge", requested_at=run.created_at)
+    with pytest.raises(IntegrityError):
+        Approval.objects.create(run=run, step_id="t2", node="charge",
+                                requested_at=run.created_at)
+
+
+def test_it_rejects_an_unknown_status_in_the_database() -> None:
+    with pytest.raises(IntegrityError):
+        Run.objects.create(agent="test", status="exploded")
+
+
+def test_it_keeps_audit_events_append_only() -> None:
+    event = AuditEvent.objects.create(actor="alice", action="run.approved")
+    event.action = "run.rejected"
+    with pytest.raises(ValueError):
+        event.save()
+    with pytest.raises(ValueError):
+        event.delete()
+
+
+def test_it_creates_a_run_for_a_thread_it_does_not_know() -> None:
+    code = str(uuid.uuid4())
+    record = DjangoJournal().run_begin(code)
+    assert record.status == RunStatus.RUNNING and Run.objects.filter(code=code).exists()

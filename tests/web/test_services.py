@@ -1,0 +1,105 @@
+"""Submissions and operator actions: validation, audit, enqueueing on commit."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.test import TestCase
+
+from stateguard_web.sagas import services
+from stateguard_web.sagas.models import Approval, AuditEvent, Run
+
+
+class SubmitTests(TestCase):
+    def setUp(self) -> None:
+        self.alice = get_user_model().objects.create_user("alice")
+
+    def test_it_stores_the_validated_input_and_queues_the_run_after_commit(self) -> None:
+        with self.captureOnCommitCallbacks() as callbacks:
+            run = services.run_submit(agent="provision", input='{"name": "web-1"}',
+                                      by=self.alice)
+        assert run.status == Run.Status.PENDING and run.submitted_by == self.alice
+        assert run.input == {"name": "web-1", "size": 1, "fail_at": None, "sleep_at": None,
+                             "sleep_seconds": 0.0}
+        assert len(callbacks) == 1  # run_execute, sent only once the run is committed
+        assert AuditEvent.objects.get(run=run).action == "run.submitted"
+
+    def test_it_refuses_bad_input_and_stores_nothing(self) -> None:
+        cases = [
+            ("nope", {}, "unknown agent"),
+            ("provision", "{not json", "not valid JSON"),
+            ("provision", "[1, 2]", "JSON object"),
+            ("provision", {"name": "Bad Name!"}, "does not fit"),
+            ("provision", {"name": "ok", "size": 1000}, "does not fit"),
+            ("provision", {"name": "ok", "surprise": 1}, "does not fit"),
+            ("checkout", {"email": "not-an-email", "amount": 5}, "does not fit"),
+        ]
+        for agent, data, message in cases:
+            with self.subTest(agent=agent, data=data), \
+                    pytest.raises(services.SubmissionError, match=message):
+                services.run_submit(agent=agent, input=data)
+        assert not Run.objects.exists() and not AuditEvent.objects.exists()
+
+    def test_it_names_the_fields_that_fail(self) -> None:
+        with pytest.raises(services.SubmissionError) as caught:
+            services.run_submit(agent="provision", input={"size": 0})
+        assert {tuple(e["loc"]) for e in caught.value.errors} == {("name",), ("size",)}
+
+
+class ActionTests(TestCase):
+    def setUp(self) -> None:
+        self.run = Run.objects.create(agent="checkout", status=Run.Status.PAUSED)
+
+    def test_it_audits_an_approval_and_queues_the_resume(self) -> None:
+        Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
+                                requested_at=self.run.created_at)
+        with self.captureOnCommitCallbacks() as callbacks:
+            services.run_approve(run=self.run, by="bob")
+        assert len(callbacks) == 1
+        event = AuditEvent.objects.get(run=self.run)
+        assert (event.actor, event.action, event.data) == ("bob", "run.approved",
+                                                           {"node": "charge_user"})
+
+    def test_it_refuses_actions_that_do_not_fit_the_run(self) -> None:
+        with pytest.raises(services.ActionNotAllowed, match="0 pending approvals"):
+            services.run_approve(run=self.run, by="bob")
+        with pytest.raises(services.ActionNotAllowed, match="only a failed run"):
+            services.run_retry(run=self.run, by="bob")
+        with pytest.raises(services.ActionNotAllowed, match="only a run that needs"):
+            services.run_resolve_by_hand(run=self.run, by="bob", note="refunded by hand")
+        assert not AuditEvent.objects.exists()
+
+    def test_it_resolves_a_run_by_hand_with_a_note(self) -> None:
+        self.run.status = Run.Status.NEEDS_ATTENTION
+        self.run.save()
+        with pytest.raises(services.ActionNotAllowed, match="say what"):
+            services.run_resolve_by_hand(run=self.run, by="carol", note="  ")
+        services.run_resolve_by_hand(run=self.run, by="carol", note="refunded in Stripe")
+        self.run.refresh_from_db()
+        assert self.run.status == Run.Status.COMPENSATED
+        assert AuditEvent.objects.get(run=self.run).data == {"note": "refunded in Stripe"}
+
+
+class CommandTests(TestCase):
+    def test_it_submits_a_run_and_prints_its_uuid_then_its_status(self) -> None:
+        from io import StringIO
+
+        out = StringIO()
+        call_command("submit_run", "provision", "--input", '{"name": "cli-1"}', stdout=out)
+        code = out.getvalue().strip()
+        assert Run.objects.get(code=code).agent == "provision"
+        out = StringIO()
+        call_command("run_status", code, stdout=out)
+        assert json.loads(out.getvalue())["status"] == "pending"
+
+    def test_it_fails_clearly_on_bad_input(self) -> None:
+        with pytest.raises(CommandError, match="unknown agent"):
+            call_command("submit_run", "nope")
+        with pytest.raises(CommandError, match=r"name: String should match"):
+            call_command("submit_run", "provision", "--input", '{"name": "NO"}')
+        with pytest.raises(CommandError, match="no run"):
+            call_command("run_status", "not-a-uuid")
+        assert not Run.objects.exists()

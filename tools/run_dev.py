@@ -1,0 +1,95 @@
+"""`make run`: the whole app on this machine, with nothing installed but the venv.
+
+1. applies migrations (SQLite under var/ unless DATABASE_URL says otherwise),
+2. creates the superuser ``admin`` with a random password if there is no superuser yet, keeps
+   the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the login
+   line (again on later runs, while that password still works),
+3. replaces itself with honcho running ``Procfile.dev``: embedded Redis, localstripe, Daphne,
+   a Celery worker and Celery beat. Ctrl-C (or SIGTERM) stops all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCFILE = "Procfile.dev"
+PASSWORD_FILE = ROOT / "var" / "admin-password.txt"
+ADMIN_URL = "http://127.0.0.1:8000/admin/"
+# The embedded Redis (6390) is not checked: a stale one left by a killed run is adopted.
+PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)"}
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # O_CREAT's mode does not apply to an existing file
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def _ensure_admin() -> str:
+    """Return the line telling the developer how to log in."""
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if not user_model.objects.filter(is_superuser=True).exists():
+        password = secrets.token_urlsafe(12)
+        user, _ = user_model.objects.get_or_create(username="admin")
+        user.is_staff = user.is_superuser = user.is_active = True
+        user.set_password(password)
+        user.save()
+        _write_private(PASSWORD_FILE, password)
+        return f"log in at {ADMIN_URL} as admin / {password}"
+
+    saved = PASSWORD_FILE.read_text().strip() if PASSWORD_FILE.is_file() else ""
+    admin = user_model.objects.filter(username="admin", is_superuser=True).first()
+    if saved and admin is not None and admin.check_password(saved):
+        return f"log in at {ADMIN_URL} as admin / {saved}"
+    return (
+        f"log in at {ADMIN_URL} with your superuser "
+        f"(new password: .venv/bin/python manage.py changepassword <user>)"
+    )
+
+
+def main() -> int:
+    os.chdir(ROOT)
+    busy = [f"{port} ({what})" for port, what in PORTS.items() if _port_in_use(port)]
+    if busy:
+        print(f"run_dev: port in use on 127.0.0.1: {', '.join(busy)}", file=sys.stderr)
+        return 1
+
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connections
+
+    call_command("migrate", interactive=False)
+    login = _ensure_admin()
+    connections.close_all()
+
+    # The Procfile names bare `python`, `daphne` and `celery`: take them from this venv.
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"  # honcho reads our output through pipes
+    print(f"\n{login}\nCtrl-C stops every process.\n", flush=True)
+    # exec, not a child: honcho gets Ctrl-C/SIGTERM directly and stops its process groups.
+    argv = [sys.executable, "-m", "honcho", "-f", PROCFILE, "-d", str(ROOT), "start"]
+    os.execve(sys.executable, argv, env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
