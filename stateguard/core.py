@@ -64,6 +64,10 @@ class GuardCore:
         self.lease_heartbeat = float(lease_heartbeat)
         self._held: dict[str, tuple[str, float]] = {}  # run id -> (owner, last renewal)
         self._lost: set[str] = set()  # runs whose lease the heartbeat found taken over
+        # One heartbeat thread per guard renews every lease this process holds; the lock keeps
+        # it from renewing a lease that is being released (that would re-take the run).
+        self._renewing = threading.Lock()
+        self._beat: threading.Thread | None = None
 
     # -- leases ------------------------------------------------------------------------------
     @contextmanager
@@ -71,57 +75,53 @@ class GuardCore:
         """Hold the run's lock while the body runs; ``RunLocked`` if another owner has it.
 
         Without it, two processes resuming one run both execute the next node (measured: a
-        double charge)."""
+        double charge). The lease is renewed in the background while the body runs."""
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         if not self.journal.lock_acquire(run_id, owner, self.lease_ttl):
             held = self.journal.run_get(run_id)
             raise RunLocked(run_id, held.lock_owner if held else None)
-        self._held[run_id] = (owner, time.monotonic())
-        self._lost.discard(run_id)
-        stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(run_id, owner, stop),
-                                name=f"stateguard-lease-{run_id}", daemon=True)
-        beat.start()
+        with self._renewing:
+            self._held[run_id] = (owner, time.monotonic())
+            self._lost.discard(run_id)
+            if self._beat is None or not self._beat.is_alive():
+                self._beat = threading.Thread(target=self._heartbeat, daemon=True,
+                                              name="stateguard-lease-heartbeat")
+                self._beat.start()
         try:
             yield owner
         finally:
-            stop.set()
-            beat.join()
-            self._held.pop(run_id, None)
-            self.journal.lock_release(run_id, owner)
+            with self._renewing:
+                self._held.pop(run_id, None)
+                self.journal.lock_release(run_id, owner)
 
-    def _heartbeat(self, run_id: str, owner: str, stop: threading.Event) -> None:
-        """Keep the lease alive while a long node or compensation runs."""
+    def _heartbeat(self) -> None:
+        """Keep every held lease alive while long nodes or compensations run."""
         try:
-            while not stop.wait(self.lease_heartbeat):
-                if not self.journal.lock_acquire(run_id, owner, self.lease_ttl):
-                    self._lost.add(run_id)
-                    return
-                self._held[run_id] = (owner, time.monotonic())
-        except Exception:
-            logger.exception("lease heartbeat for run %s failed", run_id)
-            self._lost.add(run_id)
-        finally:
-            # Journals with per-thread resources (a Django DB connection) may free them here.
-            done = getattr(self.journal, "close_thread_resources", None)
-            if callable(done):
-                done()
+            while True:
+                time.sleep(self.lease_heartbeat)
+                for run_id, (owner, renewed) in list(self._held.items()):
+                    if time.monotonic() - renewed < self.lease_heartbeat / 2:
+                        continue  # renewed at a step start just now
+                    with self._renewing:
+                        if self._held.get(run_id, ("",))[0] != owner:
+                            continue  # released meanwhile
+                        try:
+                            kept = self.journal.lock_acquire(run_id, owner, self.lease_ttl)
+                        except Exception:  # the journal is down: try again next beat
+                            logger.exception("renewing the lease of run %s failed", run_id)
+                            continue
+                        if kept:
+                            self._held[run_id] = (owner, time.monotonic())
+                        else:
+                            self._lost.add(run_id)
+        except BaseException:
+            logger.exception("the lease heartbeat stopped; the next lease restarts it")
+            raise
 
     def check_lease(self, run_id: str) -> None:
         """Raise ``RunLocked`` if the heartbeat found this process's lease taken over."""
         if run_id in self._lost:
             raise RunLocked(run_id)
-
-    def renew_lease(self, run_id: str) -> None:
-        """Extend a lease this process holds, at most every third of its lifetime."""
-        self.check_lease(run_id)
-        held = self._held.get(run_id)
-        if held is None or time.monotonic() - held[1] < self.lease_ttl / 3:
-            return
-        if not self.journal.lock_acquire(run_id, held[0], self.lease_ttl):
-            # Someone recovered the run while we were slow: stop before the next effect.
-            raise RunLocked(run_id)
-        self._held[run_id] = (held[0], time.monotonic())
 
     # -- run status -------------------------------------------------------------------------
     def set_status(self, run_id: str, status: RunStatus, error: ErrorInfo | None = None) -> None:

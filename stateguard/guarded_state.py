@@ -124,7 +124,7 @@ class GuardedState:
             raise InvalidRunState("call step() inside `with GuardedState(...)`")
         self._count += 1
         step_id = f"{self._count}:{name}"
-        self.core.renew_lease(self.run_id)
+        self.core.check_lease(self.run_id)
         self.core.journal.step_start(self.run_id, step_id, name, tags)
         emit(self.core.on_event, Event("step.started", self.run_id, name, step_id))
         return step_id

@@ -104,7 +104,7 @@ class _NodeWrapper:
                                        "phase": "before"}))
             _tag(exc, self.name)
             raise exc
-        core.renew_lease(run_id)
+        core.check_lease(run_id)
         _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags)
         emit(core.on_event, Event("step.started", run_id, self.name, step_id,
                                   {"in_doubt_rerun": previous == StepStatus.STARTED}))
