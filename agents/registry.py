@@ -63,4 +63,4 @@ def get(name: str) -> AgentSpec:
 
 def _load() -> None:
     # Importing the agent modules registers them.
-    from agents import checkout_agent, provision  # noqa: F401
+    from agents import checkout_agent, noop, provision  # noqa: F401

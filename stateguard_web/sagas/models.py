@@ -92,6 +92,9 @@ class Step(models.Model):
     update = models.JSONField(null=True, blank=True)
     state_after = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
+    # The status before the latest start: "started" there means an earlier run of this step
+    # never finished (its worker died), so this run of it is a re-run of a step in doubt.
+    prev_status = models.CharField(max_length=20, blank=True, null=True)
 
     class Meta:
         ordering = ["run", "started_at"]

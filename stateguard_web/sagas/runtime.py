@@ -37,9 +37,7 @@ def saver() -> BaseCheckpointSaver[Any]:
             host=db.get("HOST") or None, port=db.get("PORT") or None)
         conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=0,
                                row_factory=dict_row)
-        pg = PostgresSaver(conn)  # type: ignore[arg-type]
-        pg.setup()
-        return pg
+        return PostgresSaver(conn)  # type: ignore[arg-type]  # its tables: migration 0002
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     path = Path(str(db["NAME"])).with_suffix(".checkpoints.sqlite")

@@ -71,7 +71,18 @@ def run_compensate(run_pk: int, by: str) -> None:
 
 @shared_task(acks_late=True)
 def run_recover(run_pk: int) -> None:
-    """Take over a run whose worker died: unwind it or resume it, per the agent's policy."""
+    """Take over a run whose worker died: unwind it or resume it, per the agent's policy.
+
+    A run whose worker died after claiming it but before its first step has no effect to
+    undo: it goes back to the queue instead."""
+    lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
+    if Run.objects.filter(pk=run_pk, status=Run.Status.RUNNING, steps__isnull=True,
+                          lease_expires_at__isnull=True,
+                          updated_at__lt=timezone.now() - lease).update(
+            status=Run.Status.PENDING):
+        run_execute.delay(run_pk)
+        return
+
     def recover(guard: Any, graph: Any, config: dict[str, Any], run: Run) -> None:
         from stateguard_web.sagas.runtime import guard_for
 

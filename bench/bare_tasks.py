@@ -1,0 +1,32 @@
+"""The P2 ceiling: the same five-step graph with the same saver and sync durability, invoked by a
+bare Celery task: no guard, no journal, no lease. Loaded into the worker with ``--include``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from functools import cache
+from typing import Any
+
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from agents.noop import build
+
+
+@shared_task(acks_late=True)
+def bare_run(batch: str) -> None:
+    graph = _graph()
+    start = time.time()
+    graph.invoke({"n": 0}, {"configurable": {"thread_id": str(uuid.uuid4())}},
+                  durability="sync")
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).rpush(f"bench:{batch}",
+                                                           f"{start} {time.time()}")
+
+
+@cache
+def _graph() -> Any:
+    from stateguard_web.sagas.runtime import saver
+
+    return build().compile(checkpointer=saver())

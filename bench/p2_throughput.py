@@ -1,0 +1,116 @@
+"""P2: runs per second of five-step no-op runs executed by one Celery worker with 2 processes on
+local PostgreSQL + Redis, against the ceiling of the same graph, saver and sync durability in a
+bare Celery task (no guard, journal or lease). Rounds alternate so noise hits both alike.
+
+    .venv/bin/python bench/p2_throughput.py [--runs 1000] [--rounds 2]
+
+Uses the database ``stateguard_bench`` (created and migrated) and Redis database 13.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/stateguard_bench",
+                  REDIS_URL="redis://127.0.0.1:6379/13", DJANGO_SETTINGS_MODULE=
+                  "stateguard_web.settings")
+sys.path.insert(0, str(ROOT))
+
+
+def setup_database() -> None:
+    import psycopg
+
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres",
+                         autocommit=True) as admin:
+        if not admin.execute("SELECT 1 FROM pg_database WHERE datname = 'stateguard_bench'"
+                             ).fetchone():
+            admin.execute("CREATE DATABASE stateguard_bench")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
+def guarded_round(n: int) -> float:
+    from django.db.models import Max, Min
+
+    from stateguard_web.sagas import tasks
+    from stateguard_web.sagas.models import Run, Step
+
+    runs = Run.objects.bulk_create([Run(agent="noop5", input={"n": 0}) for _ in range(n)])
+    for run in runs:
+        tasks.run_execute.delay(run.pk)
+    pks = [r.pk for r in runs]
+    while Run.objects.filter(pk__in=pks).exclude(status="succeeded").exists():
+        failed = Run.objects.filter(pk__in=pks).exclude(status__in=["pending", "running",
+                                                                      "succeeded"])
+        if failed.exists():
+            raise SystemExit(f"a benchmark run did not succeed: {failed.first()}")
+        time.sleep(0.2)
+    first = Step.objects.filter(run__in=pks).aggregate(t=Min("started_at"))["t"]
+    last = Run.objects.filter(pk__in=pks).aggregate(t=Max("updated_at"))["t"]
+    return n / (last - first).total_seconds()
+
+
+def bare_round(n: int) -> float:
+    import redis
+    from django.conf import settings
+
+    from bench.bare_tasks import bare_run
+
+    batch = uuid.uuid4().hex
+    for _ in range(n):
+        bare_run.delay(batch)
+    r = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    while r.llen(f"bench:{batch}") < n:
+        time.sleep(0.2)
+    spans = [tuple(map(float, x.split())) for x in r.lrange(f"bench:{batch}", 0, -1)]
+    return n / (max(e for _, e in spans) - min(s for s, _ in spans))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    setup_database()
+    import django
+
+    django.setup()
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "stateguard_web", "worker", "-c", "2",
+         "--include", "bench.bare_tasks", "-l", "warning", "--without-mingle",
+         "--without-gossip"], cwd=ROOT, start_new_session=True,
+        stdout=open("/tmp/p2-worker.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    try:
+        time.sleep(5)  # let the worker come up
+        guarded_round(50)  # warm up: savers set up, graphs compiled, connections open
+        bare_round(50)
+        results: dict[str, list[float]] = {"guarded": [], "bare": []}
+        for _ in range(args.rounds):
+            results["guarded"].append(guarded_round(args.runs))
+            results["bare"].append(bare_round(args.runs))
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    guarded, bare = (statistics.median(results[k]) for k in ("guarded", "bare"))
+    print(f"P2: {args.runs} five-step runs x {args.rounds} alternating rounds, 1 worker x 2 "
+          "processes, PostgreSQL + Redis")
+    print(f"  guarded (StateGuard: journal, lease, fencing) {guarded:7.1f} runs/s  "
+          f"{results['guarded']}")
+    print(f"  ceiling (bare Celery task, same saver)         {bare:7.1f} runs/s  "
+          f"{results['bare']}")
+    print(f"  ratio {guarded / bare:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,33 @@
+"""Create LangGraph's checkpoint tables (PostgresSaver.setup) at migrate time.
+
+Workers must not do it on first use: several doing it at once deadlock on CREATE INDEX
+CONCURRENTLY. Not atomic for the same reason: it runs on its own connection and would wait for
+this migration's transaction. On SQLite, SqliteSaver creates its tables by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations
+
+
+def setup_checkpoints(apps: Any, schema_editor: Any) -> None:
+    connection = schema_editor.connection
+    if connection.vendor != "postgresql":
+        return
+    import psycopg
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    db = connection.settings_dict
+    conninfo = psycopg.conninfo.make_conninfo(
+        dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
+        host=db.get("HOST") or None, port=db.get("PORT") or None)
+    with PostgresSaver.from_conn_string(conninfo) as saver:
+        saver.setup()
+
+
+class Migration(migrations.Migration):
+    atomic = False
+    dependencies = [("sagas", "0001_initial")]
+    operations = [migrations.RunPython(setup_checkpoints, migrations.RunPython.noop)]
