@@ -101,16 +101,14 @@ class GuardRunner:
         from its input would repeat every effect)."""
         run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):  # creates the run if it is new
-            self._check_new(run_id)
-            self.core.set_status(run_id, RunStatus.RUNNING)
+            self._start(run_id)
             return self._run(graph, input, config, kwargs)
 
     async def ainvoke(self, graph: Pregel[Any, Any, Any, Any], input: Any,
                       config: RunnableConfig, **kwargs: Any) -> Any:
         run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):
-            self._check_new(run_id)
-            self.core.set_status(run_id, RunStatus.RUNNING)
+            self._start(run_id)
             return await self._arun(graph, input, config, kwargs)
 
     def _begin(self, graph: Any, input: Any, config: RunnableConfig,
@@ -124,15 +122,18 @@ class GuardRunner:
             raise ConfigurationError(f"the guard sets {reserved} itself")
         return run_id_of(config)
 
-    def _check_new(self, run_id: str) -> None:
+    def _start(self, run_id: str) -> None:
         run = self._run_record(run_id)
         # PENDING: queued by the web app; RUNNING with no step: just created by the lease, or
-        # claimed by a worker that died before its first node started.
-        if run.status == RunStatus.PENDING or (
-                run.status == RunStatus.RUNNING and not self.core.journal.steps(run_id)):
-            return
-        raise InvalidRunState(f"run {run_id!r} already ran ({run.status}); use approve, "
-                              "retry or compensate, or a new thread_id")
+        # claimed by a worker (which set the status already).
+        if run.status == RunStatus.PENDING:
+            self.core.set_status(run_id, RunStatus.RUNNING)
+        elif run.status != RunStatus.RUNNING or self.core.journal.steps(run_id):
+            raise InvalidRunState(f"run {run_id!r} already ran ({run.status}); use approve, "
+                                  "retry or compensate, or a new thread_id")
+        else:  # already marked running: tell live views without writing it again
+            emit(self.core.on_event, Event("run.status", run_id,
+                                           data={"status": str(RunStatus.RUNNING)}))
 
     def _run(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
              kwargs: dict[str, Any]) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -20,6 +21,7 @@ from stateguard import Event
 
 logger = logging.getLogger("stateguard.events")
 ALL_RUNS_GROUP = "runs"
+_COALESCE = 0.05  # seconds: live views lag at most this much behind the journal
 
 
 def run_group(code: str) -> str:
@@ -27,28 +29,41 @@ def run_group(code: str) -> str:
 
 
 class _Publisher:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.layer = get_channel_layer()
-        thread = threading.Thread(target=self.loop.run_forever, name="stateguard-events",
-                                  daemon=True)
-        thread.start()
+    """Sends from one event loop in a daemon thread; events that arrive while a send is in
+    flight are batched into one message per group (a five-step run emits about a dozen)."""
 
-    def send(self, groups: tuple[str, ...], message: dict[str, Any]) -> None:
+    def __init__(self) -> None:
+        self.layer = get_channel_layer()
+        self.pending: dict[str, list[dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        threading.Thread(target=self._run, name="stateguard-events", daemon=True).start()
+
+    def send(self, groups: tuple[str, ...], payload: dict[str, Any]) -> None:
         if self.layer is None:
             return
-        future = asyncio.run_coroutine_threadsafe(self._send(groups, message), self.loop)
-        future.add_done_callback(_log_failure)
+        with self.lock:
+            for group in groups:
+                self.pending.setdefault(group, []).append(payload)
+        self.wake.set()
 
-    async def _send(self, groups: tuple[str, ...], message: dict[str, Any]) -> None:
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        while True:
+            self.wake.wait()
+            time.sleep(_COALESCE)  # let a run's next events join this batch
+            self.wake.clear()
+            with self.lock:
+                batch, self.pending = self.pending, {}
+            try:
+                loop.run_until_complete(self._send(batch))
+            except Exception as exc:  # Redis down: drop this batch, keep the thread
+                logger.warning("dropped %d live updates: %s", len(batch), exc)
+
+    async def _send(self, batch: dict[str, list[dict[str, Any]]]) -> None:
         assert self.layer is not None
-        for group in groups:
-            await self.layer.group_send(group, message)
-
-
-def _log_failure(future: Any) -> None:
-    if future.exception() is not None:
-        logger.warning("dropped a live update: %s", future.exception())
+        for group, payloads in batch.items():
+            await self.layer.group_send(group, {"type": "run.events", "events": payloads})
 
 
 _publisher: _Publisher | None = None
@@ -69,14 +84,16 @@ def event_payload(event: Event) -> dict[str, Any]:
 
 
 def publish(event: Event) -> None:
-    """The guard's ``on_event``: forward the event to the run's group and the run list."""
-    message = {"type": "run.event", "payload": event_payload(event)}
+    """The guard's ``on_event``: forward the event to the run's group and the run list.
+
+    Consumers receive ``{"type": "run.events", "events": [payload, ...]}``, oldest first."""
+    payload = event_payload(event)
     groups = (run_group(event.run_id), ALL_RUNS_GROUP)
-    transaction.on_commit(lambda: _safe_send(groups, message))
+    transaction.on_commit(lambda: _safe_send(groups, payload))
 
 
-def _safe_send(groups: tuple[str, ...], message: dict[str, Any]) -> None:
+def _safe_send(groups: tuple[str, ...], payload: dict[str, Any]) -> None:
     try:
-        _get().send(groups, message)
+        _get().send(groups, payload)
     except Exception:
         logger.exception("could not publish a live update")

@@ -89,3 +89,34 @@ def test_it_runs_a_run_once_when_two_workers_are_handed_it(
     assert sorted(effects(sandbox)) == sorted([
         "do:create_workspace:dup-4", "do:write_config:dup-4", "do:allocate_port:dup-4",
         "do:announce:dup-4"])
+
+
+def test_it_publishes_journal_changes_to_the_run_and_all_runs_groups(
+        workers: Workers, sandbox: Path) -> None:
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    from stateguard_web.sagas.events import ALL_RUNS_GROUP, run_group
+
+    layer = get_channel_layer()
+    run = services.run_submit(agent="provision", input={"name": "live-5"})  # queued
+    listeners = {}
+    for group in (ALL_RUNS_GROUP, run_group(str(run.code))):
+        channel = async_to_sync(layer.new_channel)()
+        async_to_sync(layer.group_add)(group, channel)
+        listeners[group] = channel
+    workers.start("w1")
+    wait_for(lambda: finished(run), 60, "the run to finish", workers.logs)
+    assert run.status == Run.Status.SUCCEEDED
+
+    for group, channel in listeners.items():
+        seen: list[tuple[str, str | None]] = []
+        while ("run.status", None) not in seen[-1:] or len(seen) < 9:
+            message = async_to_sync(layer.receive)(channel)
+            assert message["type"] == "run.events"
+            seen += [(e["type"], e["node"]) for e in message["events"]
+                     if e["run"] == str(run.code)]
+        assert ("step.started", "create_workspace") in seen, group
+        assert ("step.succeeded", "announce") in seen, group
+        assert seen.index(("step.started", "create_workspace")) < seen.index(
+            ("step.succeeded", "announce"))
