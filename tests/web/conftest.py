@@ -65,8 +65,12 @@ class Workers:
             **os.environ,
             "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
             "STATEGUARD_SANDBOX_DIR": str(sandbox),
-            "STATEGUARD_LEASE_SECONDS": "3", "STATEGUARD_LEASE_RENEW_SECONDS": "1",
-            "STATEGUARD_SWEEP_SECONDS": "1",
+            # Short leases keep the crash test quick; P4 reruns it with the defaults
+            # (STATEGUARD_TEST_LEASE=10,3,2).
+            **dict(zip(("STATEGUARD_LEASE_SECONDS", "STATEGUARD_LEASE_RENEW_SECONDS",
+                        "STATEGUARD_SWEEP_SECONDS"),
+                       os.environ.get("STATEGUARD_TEST_LEASE", "3,1,1").split(","),
+                       strict=True)),
         }
         self.log_dir = log_dir
         self.procs: list[subprocess.Popen[bytes]] = []

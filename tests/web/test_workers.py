@@ -63,7 +63,10 @@ def test_it_recovers_a_run_whose_worker_was_killed(workers: Workers, sandbox: Pa
 
     recovery = AuditEvent.objects.get(run=run, action="run.recovering")
     started_after = recovery.created_at.timestamp() - killed_at
-    print(f"P4: recovery started {started_after:.1f} s after SIGKILL (lease 3 s, sweep 1 s)")
+    print(f"P4: recovery started {started_after:.1f} s after SIGKILL "
+          f"(lease, renew, sweep = {workers.env['STATEGUARD_LEASE_SECONDS']}, "
+          f"{workers.env['STATEGUARD_LEASE_RENEW_SECONDS']}, "
+          f"{workers.env['STATEGUARD_SWEEP_SECONDS']} s)")
     assert started_after < 15
     assert run.status == Run.Status.COMPENSATED
     # Each effect happened once and was undone once; the step in doubt (killed before it
