@@ -28,26 +28,25 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
-class StepInline(admin.TabularInline):  # type: ignore[type-arg]
+class ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return self.fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class StepInline(ReadOnlyInline):
     model = Step
-    extra = 0
-    can_delete = False
     fields = ("node", "status", "attempt", "started_at", "finished_at", "done_seq", "error")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
-class CompensationInline(admin.TabularInline):  # type: ignore[type-arg]
+class CompensationInline(ReadOnlyInline):
     model = Compensation
-    extra = 0
-    can_delete = False
     fields = ("node", "status", "triggered_by", "idempotency_key")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Run)
@@ -65,15 +64,9 @@ class StepAdmin(ReadOnlyAdmin):
     list_filter = ("status",)
 
 
-class AttemptInline(admin.TabularInline):  # type: ignore[type-arg]
+class AttemptInline(ReadOnlyInline):
     model = CompensationAttempt
-    extra = 0
-    can_delete = False
     fields = ("number", "ok", "started_at", "finished_at", "result", "error")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Compensation)
