@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from stateguard_web.sagas import services, tasks
-from stateguard_web.sagas.models import AuditEvent, Compensation, Run, Step
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.web.conftest import Workers, effects, wait_for
 
 DONE = {Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION}
@@ -123,3 +123,28 @@ def test_it_publishes_journal_changes_to_the_run_and_all_runs_groups(
         assert ("step.succeeded", "announce") in seen, group
         assert seen.index(("step.started", "create_workspace")) < seen.index(
             ("step.succeeded", "announce"))
+
+
+def test_it_pauses_for_approval_and_resumes_in_a_worker_after_the_operator_approves(
+        workers: Workers, sandbox: Path, stripe_client: object, localstripe_url: str) -> None:
+    workers.env.update(STRIPE_API_BASE=localstripe_url, STRIPE_API_KEY="sk_test_stateguard")
+    workers.start("w1")
+    big = {"email": "alice@example.com", "amount": 250_00}
+    approved = services.run_submit(agent="checkout", input=big)
+    rejected = services.run_submit(agent="checkout", input=big)
+    for run in (approved, rejected):
+        wait_for(lambda run=run: (run.refresh_from_db(), run.status == Run.Status.PAUSED)[1],
+                 60, "the run to pause for approval", workers.logs)
+
+    services.run_approve(run=approved, by="alice")
+    services.run_reject(run=rejected, by="bob", reason="looks like fraud")
+    wait_for(lambda: finished(approved) and finished(rejected), 60, "both runs to end",
+             workers.logs)
+
+    assert (approved.status, rejected.status) == (Run.Status.SUCCEEDED, Run.Status.COMPENSATED)
+    charges = stripe_client.v1.charges.list().data  # type: ignore[attr-defined]
+    assert [(c.amount, c.amount_refunded) for c in charges] == [(250_00, 0)]  # one charge
+    decided = {a.run_id: (a.status, a.decided_by) for a in
+               Approval.objects.filter(run__in=[approved, rejected])}
+    assert decided == {approved.pk: ("approved", "alice"), rejected.pk: ("rejected", "bob")}
+    assert AuditEvent.objects.filter(run=rejected, action="run.rejected").exists()
