@@ -22,7 +22,7 @@ from stateguard.exceptions import (
     RunLocked,
 )
 from stateguard.journal import InMemoryJournal, Journal
-from stateguard.records import ErrorInfo, RunStatus
+from stateguard.records import ApprovalStatus, ErrorInfo, RunStatus
 from stateguard.report import UnwindReport
 from stateguard.retry import CompensationRetry
 from stateguard.spec import (
@@ -106,7 +106,7 @@ class GuardCore:
                         if self._held.get(run_id, ("",))[0] != owner:
                             continue  # released meanwhile
                         try:
-                            kept = self.journal.lock_acquire(run_id, owner, self.lease_ttl)
+                            kept = self.journal.lock_renew(run_id, owner, self.lease_ttl)
                         except Exception:  # the journal is down: try again next beat
                             logger.exception("renewing the lease of run %s failed", run_id)
                             continue
@@ -141,8 +141,18 @@ class GuardCore:
         node = getattr(exc, "stateguard_node", None) or failed_node
         return Cause(reason or "error", node, ErrorInfo.from_exception(exc))
 
+    def close_approvals(self, run_id: str, by: str | None, reason: str) -> None:
+        """Reject every pending approval: once a run unwinds, no gated step may run later."""
+        for approval in self.journal.approvals(run_id):
+            if approval.status == ApprovalStatus.PENDING and self.journal.approval_decide(
+                    run_id, approval.step_id, ApprovalStatus.REJECTED, by=by, reason=reason):
+                emit(self.on_event, Event("approval.decided", run_id, approval.node,
+                                          approval.step_id,
+                                          {"decision": str(ApprovalStatus.REJECTED), "by": by}))
+
     def unwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
                triggered_by: str = "automatic", fallback_state: Any = None) -> UnwindReport:
+        self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
         return unwind(self.journal, run_id, self.spec, cause, include_in_doubt=include_in_doubt,
                       triggered_by=triggered_by, fallback_state=fallback_state,
                       on_event=self.on_event, check=lambda: self.check_lease(run_id))
@@ -150,6 +160,7 @@ class GuardCore:
     async def aunwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
                       triggered_by: str = "automatic", fallback_state: Any = None
                       ) -> UnwindReport:
+        self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
         return await aunwind(self.journal, run_id, self.spec, cause,
                              include_in_doubt=include_in_doubt, triggered_by=triggered_by,
                              fallback_state=fallback_state, on_event=self.on_event,

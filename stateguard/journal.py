@@ -47,6 +47,10 @@ class Journal(Protocol):
 
         Creates the run (status ``running``) if it is new."""
 
+    def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
+        """Extend a lock ``owner`` still holds; False if it was released or taken over (a
+        renewal must never take a lock back: the run may have been recovered meanwhile)."""
+
     def lock_release(self, run_id: str, owner: str) -> None: ...
 
     def step_start(self, run_id: str, step_id: str, node: str,
@@ -120,6 +124,14 @@ class InMemoryJournal:
             if run.lock_owner not in (None, owner) and run.lock_expires > now:
                 return False
             run.lock_owner, run.lock_expires = owner, now + ttl
+            return True
+
+    def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.lock_owner != owner:
+                return False
+            run.lock_expires = time.time() + ttl
             return True
 
     def lock_release(self, run_id: str, owner: str) -> None:

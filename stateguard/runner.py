@@ -239,6 +239,12 @@ class GuardRunner:
                                   "name the step_id")
         return pending[0]
 
+    def _check_paused(self, run_id: str) -> None:
+        run = self._run_record(run_id)
+        if run.status != RunStatus.PAUSED:
+            raise InvalidRunState(f"run {run_id!r} is {run.status}; only a paused run waits "
+                                  "for a decision")
+
     def _decide(self, run_id: str, approval: ApprovalRecord, status: ApprovalStatus,
                 by: str | None, reason: str) -> None:
         if not self.core.journal.approval_decide(run_id, approval.step_id, status, by=by,
@@ -254,6 +260,7 @@ class GuardRunner:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
+            self._check_paused(run_id)
             self._decide(run_id, self._pending(run_id, node, step_id), ApprovalStatus.APPROVED,
                          by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
@@ -265,6 +272,7 @@ class GuardRunner:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
+            self._check_paused(run_id)
             self._decide(run_id, self._pending(run_id, node, step_id), ApprovalStatus.APPROVED,
                          by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
@@ -277,18 +285,13 @@ class GuardRunner:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
+            self._check_paused(run_id)
             approval = self._pending(run_id, node, step_id)
             self._decide(run_id, approval, ApprovalStatus.REJECTED, by, reason)
-            self._close_approvals(run_id, by, "another approval of the run was rejected")
             exc = ApprovalRejected(approval.node, by=by, reason=reason)
             return self.core.unwind(run_id, self.core.cause_of(exc),
                                     triggered_by=by or "operator",
                                     fallback_state=lambda: _values(graph, config))
-
-    def _close_approvals(self, run_id: str, by: str | None, reason: str) -> None:
-        for approval in self.core.journal.approvals(run_id):
-            if approval.status == ApprovalStatus.PENDING:
-                self._decide(run_id, approval, ApprovalStatus.REJECTED, by, reason)
 
     def retry(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
               force: bool = False) -> Any:
@@ -320,7 +323,6 @@ class GuardRunner:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            self._close_approvals(run_id, by, f"run compensated ({reason})")
             # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
             return self.core.unwind(run_id, Cause(reason), triggered_by=by,
                                     include_in_doubt=True,

@@ -145,6 +145,11 @@ class SqliteJournal:
                 (owner, now + ttl, run_id, owner, now))
             return cursor.rowcount == 1
 
+    def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
+        cursor = self._db().execute("UPDATE sg_runs SET lock_expires = ? WHERE run_id = ? AND"
+                                    " lock_owner = ?", (time.time() + ttl, run_id, owner))
+        return cursor.rowcount == 1
+
     def lock_release(self, run_id: str, owner: str) -> None:
         self._db().execute("UPDATE sg_runs SET lock_owner = NULL, lock_expires = 0"
                            " WHERE run_id = ? AND lock_owner = ?", (run_id, owner))

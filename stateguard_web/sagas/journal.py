@@ -34,13 +34,16 @@ from stateguard.records import (
 from stateguard_web.sagas.models import Approval, Compensation, CompensationAttempt, Run, Step
 
 _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
-# ``fence``: the run row, if its fencing token is still ours (or we hold no lease).
-_FENCE = f"SELECT id FROM {_RUN} WHERE code = %s AND (%s IS NULL OR fencing_token = %s)"
+# ``fence``: the run row, if its fencing token is still ours (or we hold no lease). On
+# PostgreSQL the row is locked FOR SHARE, so a takeover committing meanwhile makes the check
+# wait and fail instead of passing on a stale snapshot; SQLite runs one writer at a time.
+_SHARE = " FOR SHARE" if connection.vendor == "postgresql" else ""
+_FENCE = f"SELECT id FROM {_RUN} WHERE code = %s AND (%s IS NULL OR fencing_token = %s){_SHARE}"
 # Insert the step, or restart it: prev_status keeps the status it had before this start.
 _STEP_START = f"""
 INSERT INTO {_STEP} (run_id, step_id, node, tags, status, attempt, started_at)
 SELECT id, %s, %s, %s, 'started', 1, %s FROM {_RUN}
-WHERE code = %s AND (%s IS NULL OR fencing_token = %s)
+WHERE code = %s AND (%s IS NULL OR fencing_token = %s){_SHARE}
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     prev_status = {_STEP}.status, status = 'started', attempt = {_STEP}.attempt + 1,
     node = excluded.node, tags = excluded.tags, started_at = excluded.started_at,
@@ -159,6 +162,16 @@ class DjangoJournal:
             if not created:
                 return False
         return False
+
+    def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
+        # Called from the heartbeat thread, whose connection a database restart may have
+        # broken: reconnect rather than lose every lease of this worker.
+        connection.close_if_unusable_or_obsolete()
+        token = self._fences.get(run_id)
+        if token is None:
+            return False
+        return bool(Run.objects.filter(code=run_id, lease_owner=owner, fencing_token=token)
+                    .update(lease_expires_at=timezone.now() + timedelta(seconds=ttl)))
 
     def lock_release(self, run_id: str, owner: str) -> None:
         self._fences.pop(run_id, None)

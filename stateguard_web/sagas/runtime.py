@@ -46,6 +46,16 @@ def saver() -> BaseCheckpointSaver[Any]:
     return SqliteSaver(conn_sqlite)
 
 
+def close() -> None:
+    """Close this process's checkpoint connection (tests, before their database is dropped)."""
+    if saver.cache_info().currsize:
+        conn = getattr(saver(), "conn", None)
+        if conn is not None:
+            conn.close()
+        saver.cache_clear()
+        guard_for.cache_clear()
+
+
 def _agent_environment() -> None:
     # Agents are plain Python below the web app and read their settings from the environment;
     # hand them the web app's.

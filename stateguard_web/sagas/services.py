@@ -35,7 +35,17 @@ class ActionNotAllowed(ServiceError):
 def _actor(by: AbstractBaseUser | str | None) -> str:
     if by is None:
         return "system"
-    return by if isinstance(by, str) else str(by.get_username())
+    name = by if isinstance(by, str) else str(by.get_username())
+    return _text(name, "actor")[:150]
+
+
+def _text(value: str, what: str, limit: int = 2000) -> str:
+    """Free text from an operator: PostgreSQL refuses NUL characters, and nothing is endless."""
+    if not isinstance(value, str) or "\x00" in value:
+        raise ActionNotAllowed(f"{what} must be text without NUL characters")
+    if len(value) > limit:
+        raise ActionNotAllowed(f"{what} is longer than {limit} characters")
+    return value
 
 
 def _audit(run: Run | None, by: AbstractBaseUser | str | None, action: str,
@@ -55,6 +65,8 @@ def run_submit(*, agent: str, input: dict[str, Any] | str,
             raise SubmissionError(f"input is not valid JSON: {exc}") from exc
     if not isinstance(input, dict):
         raise SubmissionError("input must be a JSON object")
+    if "\\u0000" in json.dumps(input):  # PostgreSQL cannot store NUL in JSON text
+        raise SubmissionError("input must not contain NUL characters")
     try:
         data = registry.get(agent).input_schema.model_validate(input).model_dump(mode="json")
     except ValidationError as exc:
@@ -83,9 +95,16 @@ def _pending(run: Run, node: str | None) -> Approval:
     return approvals[0]
 
 
+def _paused(run: Run) -> None:
+    if run.status != Run.Status.PAUSED:
+        raise ActionNotAllowed(f"run {run.code} is {run.status}; only a paused run waits for "
+                               "a decision")
+
+
 @transaction.atomic
 def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None) -> Run:
     run = _locked(run)
+    _paused(run)
     approval = _pending(run, node)
     _audit(run, by, "run.approved", node=approval.node)
     tasks.run_resume.delay_on_commit(run.pk, _actor(by), approval.node)
@@ -96,6 +115,8 @@ def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None
 def run_reject(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
                reason: str = "") -> Run:
     run = _locked(run)
+    _paused(run)
+    reason = _text(reason, "reason")
     approval = _pending(run, node)
     _audit(run, by, "run.rejected", node=approval.node, reason=reason)
     tasks.run_reject.delay_on_commit(run.pk, _actor(by), approval.node, reason)
@@ -133,6 +154,7 @@ def run_resolve_by_hand(*, run: Run, by: AbstractBaseUser | str, note: str) -> R
     if run.status != Run.Status.NEEDS_ATTENTION:
         raise ActionNotAllowed(f"run {run.code} is {run.status}; only a run that needs "
                                "attention is resolved by hand")
+    note = _text(note, "note")
     if not note.strip():
         raise ActionNotAllowed("say what was done by hand")
     run.status = Run.Status.COMPENSATED

@@ -1,7 +1,9 @@
 """Celery tasks: thin, take ids, idempotent (safe with ``acks_late`` redelivery).
 
-A task that finds the run locked by another worker backs off: that worker is running it, or the
-sweeper will hand the run to recovery once its lease expires.
+``run_execute`` backs off when another worker holds the run: that worker is running it, or the
+sweeper hands the run to recovery once its lease expires. An operator's action on a locked run
+(the pausing worker has not let go yet, or another action is running) is retried a little
+later instead of being dropped.
 """
 
 from __future__ import annotations
@@ -11,18 +13,21 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
+from stateguard_web.sagas.journal import LeaseLost
 from stateguard_web.sagas.models import AuditEvent, Run
 
 logger = logging.getLogger("stateguard.tasks")
+_ACTION_RETRY = {"countdown": 2, "max_retries": 60}  # two minutes of a busy run
 
 
-def _with_guard(run_pk: int, action: Callable[[Any, Any, dict[str, Any], Run], Any]) -> None:
+def _with_guard(run_pk: int, action: Callable[[Any, Any, dict[str, Any], Run], Any],
+                task: Task | None = None) -> None:
     from stateguard_web.sagas.runtime import config_for, guard_for
 
     run = Run.objects.get(pk=run_pk)
@@ -31,8 +36,13 @@ def _with_guard(run_pk: int, action: Callable[[Any, Any, dict[str, Any], Run], A
         action(guard, graph, config_for(run.thread_id), run)
     except SagaAborted as exc:  # unwound and journaled; nothing more to do here
         logger.info("run %s aborted: %s", run.code, exc)
-    except RunLocked:
-        logger.info("run %s is held by another worker; backing off", run.code)
+    except LeaseLost:  # another worker took the run over mid-way; it is theirs now
+        logger.warning("run %s was taken over by another worker", run.code)
+    except RunLocked as exc:
+        if task is None:
+            logger.info("run %s is held by another worker; backing off", run.code)
+            return
+        raise task.retry(exc=exc, **_ACTION_RETRY) from exc
     except InvalidRunState as exc:  # a duplicate delivery of an action already done
         logger.info("run %s: %s", run.code, exc)
 
@@ -40,33 +50,45 @@ def _with_guard(run_pk: int, action: Callable[[Any, Any, dict[str, Any], Run], A
 @shared_task(acks_late=True)
 def run_execute(run_pk: int) -> None:
     # Claim the run: a duplicate delivery, or a delivery after the run finished, must not start
-    # the graph again from its input (that would repeat every effect).
+    # the graph again from its input (that would repeat every effect). updated_at marks the
+    # claim, so the sweeper does not take a run claimed just now for a dead one.
     if not Run.objects.filter(pk=run_pk, status=Run.Status.PENDING).update(
-            status=Run.Status.RUNNING):
+            status=Run.Status.RUNNING, updated_at=timezone.now()):
         return
     _with_guard(run_pk, lambda guard, graph, config, run: guard.invoke(graph, run.input, config))
 
 
-@shared_task(acks_late=True)
-def run_resume(run_pk: int, by: str, node: str) -> None:
+@shared_task(acks_late=True, bind=True)
+def run_resume(self: Task, run_pk: int, by: str, node: str) -> None:
     _with_guard(run_pk, lambda guard, graph, config, run: guard.approve(graph, config, by=by,
-                                                                        node=node))
+                                                                        node=node), self)
 
 
-@shared_task(acks_late=True)
-def run_reject(run_pk: int, by: str, node: str, reason: str) -> None:
+@shared_task(acks_late=True, bind=True)
+def run_reject(self: Task, run_pk: int, by: str, node: str, reason: str) -> None:
     _with_guard(run_pk, lambda guard, graph, config, run: guard.reject(
-        graph, config, by=by, node=node, reason=reason))
+        graph, config, by=by, node=node, reason=reason), self)
 
 
-@shared_task(acks_late=True)
-def run_retry(run_pk: int, by: str) -> None:
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.retry(graph, config))
+@shared_task(acks_late=True, bind=True)
+def run_retry(self: Task, run_pk: int, by: str) -> None:
+    _with_guard(run_pk, lambda guard, graph, config, run: guard.retry(graph, config), self)
 
 
-@shared_task(acks_late=True)
-def run_compensate(run_pk: int, by: str) -> None:
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.compensate(graph, config, by=by))
+@shared_task(acks_late=True, bind=True)
+def run_compensate(self: Task, run_pk: int, by: str) -> None:
+    from stateguard_web.sagas.services import COMPENSABLE
+
+    def compensate(guard: Any, graph: Any, config: dict[str, Any], run: Run) -> None:
+        if run.status in (Run.Status.RUNNING, Run.Status.COMPENSATING):
+            raise RunLocked(run.thread_id)  # someone is on it: ask again when they are done
+        # The run may have moved on since the operator asked (resolved by hand, say).
+        if run.status not in COMPENSABLE:
+            logger.info("run %s is %s now; not compensating", run.code, run.status)
+            return
+        guard.compensate(graph, config, by=by)
+
+    _with_guard(run_pk, compensate, self)
 
 
 @shared_task(acks_late=True)
@@ -75,11 +97,13 @@ def run_recover(run_pk: int) -> None:
 
     A run whose worker died after claiming it but before its first step has no effect to
     undo: it goes back to the queue instead."""
+    now = timezone.now()
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
-    if Run.objects.filter(pk=run_pk, status=Run.Status.RUNNING, steps__isnull=True,
-                          lease_expires_at__isnull=True,
-                          updated_at__lt=timezone.now() - lease).update(
-            status=Run.Status.PENDING):
+    if Run.objects.filter(
+            Q(lease_expires_at__isnull=True, updated_at__lt=now - lease)
+            | Q(lease_expires_at__lt=now),
+            pk=run_pk, status=Run.Status.RUNNING, steps__isnull=True,
+    ).update(status=Run.Status.PENDING, updated_at=now):
         run_execute.delay(run_pk)
         return
 
@@ -109,10 +133,12 @@ def sweep_expired_leases() -> int:
         status__in=[Run.Status.RUNNING, Run.Status.COMPENSATING],
     ).values_list("pk", flat=True)
     found = 0
+    # Messages expire, so that a backlog of sweeps does not pile up duplicates in the queue.
+    expires = 5 * settings.STATEGUARD_SWEEP_SECONDS
     for pk in dead:
-        run_recover.delay(pk)
+        run_recover.apply_async((pk,), expires=expires)
         found += 1
     for pk in Run.objects.filter(status=Run.Status.PENDING,
                                  created_at__lt=now - 6 * lease).values_list("pk", flat=True):
-        run_execute.delay(pk)
+        run_execute.apply_async((pk,), expires=expires)
     return found

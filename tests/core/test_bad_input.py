@@ -109,7 +109,7 @@ def test_it_refuses_operator_actions_that_do_not_fit_the_run() -> None:
     with pytest.raises(RunNotFound):
         guard.retry(graph, config("never-ran"))
     guard.invoke(graph, {}, config("done"))
-    with pytest.raises(InvalidRunState, match="no pending approval"):
+    with pytest.raises(InvalidRunState, match="only a paused run"):
         guard.approve(graph, config("done"), by="alice")
     with pytest.raises(InvalidRunState, match="succeeded"):
         guard.retry(graph, config("done"))

@@ -168,3 +168,47 @@ async def test_it_runs_async_compensations_from_a_sync_unwind_inside_an_event_lo
         guard.invoke(graph, {"fail_at": "b"}, config("loop"))
     report = guard.compensate(graph, config("loop"))  # sync call, a loop is running here
     assert effects == ["a", "refund"] and not report.needs_attention
+
+
+def test_it_closes_pending_approvals_when_a_run_unwinds() -> None:
+    from langgraph.graph import END
+
+    from tests.core.support import LineState
+
+    effects: list[str] = []
+    builder = StateGraph(LineState)
+    builder.add_node("charge", lambda s: effects.append("charge") or {})
+    builder.add_node("ship", lambda s: effects.append("ship") or {})  # gated
+
+    def boom(state: Any) -> Any:
+        raise ValueError("warehouse down")
+
+    builder.add_node("book", boom)
+    builder.add_edge(START, "charge")
+    builder.add_edge("charge", "ship")
+    builder.add_edge("charge", "book")
+    builder.add_edge("ship", END)
+    builder.add_edge("book", END)
+    guard = StateGuardCheckpointer(approvals=["ship"],
+                                   compensations={"charge": undo(effects, "charge")})
+    graph = guard.compile(builder)
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {}, config("par-gate"))
+    assert guard.status("par-gate").approvals[0].status == ApprovalStatus.REJECTED
+    with pytest.raises(InvalidRunState, match="paused"):
+        guard.approve(graph, config("par-gate"), by="alice")
+    assert effects == ["charge", "undo:charge"]  # the gated node never ran
+
+
+def test_it_does_not_let_a_stale_lease_holder_take_a_released_run_back() -> None:
+    from stateguard import InMemoryJournal
+
+    journal = InMemoryJournal()
+    assert journal.lock_acquire("r", "stalled-worker", 0.01)
+    import time
+
+    time.sleep(0.02)
+    assert journal.lock_acquire("r", "recovery", 10)
+    journal.lock_release("r", "recovery")
+    assert not journal.lock_renew("r", "stalled-worker", 10)  # its heartbeat finds it lost
+    assert journal.lock_acquire("r", "next", 10)

@@ -41,6 +41,14 @@ def manage_py() -> ManagePy:
     return run
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _close_checkpoint_connection(django_db_setup: None) -> Iterator[None]:
+    yield
+    from stateguard_web.sagas import runtime
+
+    runtime.close()  # else the test database cannot be dropped: "being accessed by others"
+
+
 @pytest.fixture
 def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A sandbox folder for the provision agent, in this process and in workers."""

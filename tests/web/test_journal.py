@@ -129,3 +129,16 @@ def test_it_creates_a_run_for_a_thread_it_does_not_know() -> None:
     code = str(uuid.uuid4())
     record = DjangoJournal().run_begin(code)
     assert record.status == RunStatus.RUNNING and Run.objects.filter(code=code).exists()
+
+
+def test_it_never_renews_a_lease_that_was_released_or_taken_over() -> None:
+    code = new_run()
+    stalled, recovery = DjangoJournal(), DjangoJournal()
+    assert stalled.lock_acquire(code, "worker-1", 0.05)
+    time.sleep(0.06)
+    assert recovery.lock_acquire(code, "recovery", 10)
+    recovery.lock_release(code, "recovery")
+    assert not stalled.lock_renew(code, "worker-1", 10)
+    with pytest.raises(LeaseLost):
+        stalled.step_start(code, "t9", "charge")
+    assert Run.objects.get(code=code).lease_owner == ""

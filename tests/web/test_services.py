@@ -36,6 +36,7 @@ class SubmitTests(TestCase):
             ("provision", {"name": "ok", "size": 1000}, "does not fit"),
             ("provision", {"name": "ok", "surprise": 1}, "does not fit"),
             ("checkout", {"email": "not-an-email", "amount": 5}, "does not fit"),
+            ("checkout", {"email": "a\u0000@b.co", "amount": 5}, "NUL"),
         ]
         for agent, data, message in cases:
             with self.subTest(agent=agent, data=data), \
@@ -71,6 +72,39 @@ class ActionTests(TestCase):
         with pytest.raises(services.ActionNotAllowed, match="only a run that needs"):
             services.run_resolve_by_hand(run=self.run, by="bob", note="refunded by hand")
         assert not AuditEvent.objects.exists()
+
+    def test_it_refuses_decisions_on_a_run_that_is_not_paused(self) -> None:
+        Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
+                                requested_at=self.run.created_at)
+        self.run.status = Run.Status.COMPENSATED
+        self.run.save()
+        with pytest.raises(services.ActionNotAllowed, match="only a paused run"):
+            services.run_approve(run=self.run, by="bob")
+        with pytest.raises(services.ActionNotAllowed, match="only a paused run"):
+            services.run_reject(run=self.run, by="bob")
+
+    def test_it_refuses_operator_text_the_database_cannot_hold(self) -> None:
+        self.run.status = Run.Status.NEEDS_ATTENTION
+        self.run.save()
+        with pytest.raises(services.ActionNotAllowed, match="NUL"):
+            services.run_resolve_by_hand(run=self.run, by="carol", note="done\x00")
+        with pytest.raises(services.ActionNotAllowed, match="longer than"):
+            services.run_resolve_by_hand(run=self.run, by="carol", note="x" * 5000)
+        services.run_resolve_by_hand(run=self.run, by="c" * 400, note="refunded by hand")
+        assert AuditEvent.objects.get(run=self.run).actor == "c" * 150
+
+    def test_it_does_not_compensate_a_run_resolved_by_hand_meanwhile(self) -> None:
+        from stateguard_web.sagas import tasks
+
+        self.run.agent, self.run.status = "provision", Run.Status.NEEDS_ATTENTION
+        self.run.save()
+        with self.captureOnCommitCallbacks():  # the compensate task is queued, not run yet
+            services.run_compensate(run=self.run, by="dave")
+        services.run_resolve_by_hand(run=self.run, by="carol", note="undone by hand")
+        tasks.run_compensate.apply(args=(self.run.pk, "dave"))  # the queued task runs now
+        self.run.refresh_from_db()
+        assert self.run.status == Run.Status.COMPENSATED
+        assert not self.run.compensations.exists()
 
     def test_it_resolves_a_run_by_hand_with_a_note(self) -> None:
         self.run.status = Run.Status.NEEDS_ATTENTION
