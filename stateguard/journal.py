@@ -7,7 +7,8 @@ Django ORM; ``SqliteJournal`` keeps it in a file that several processes share.
 Rules every implementation keeps (the saga's guarantees rest on them):
 - ``compensation_attempt`` is durable when it returns, so an unwind that is run again (after a
   crash, or by an operator) skips compensations that already succeeded;
-- ``lock_acquire`` is atomic: two owners never both hold a run's lock;
+- ``lock_acquire`` is atomic: two owners never both hold a run's lock, and ``lock_renew`` never
+  takes back a lock that was released or taken over;
 - ``approval_decide`` is atomic: only one decision turns a pending approval into a decided one.
 """
 
