@@ -1,0 +1,90 @@
+"""The rules every Journal keeps (stateguard/journal.py), checked on both shipped journals.
+The Django journal runs the same rules in tests/web/test_journal.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from stateguard import InMemoryJournal, Journal, SqliteJournal
+from stateguard.records import (
+    ApprovalRecord,
+    ApprovalStatus,
+    AttemptRecord,
+    CompensationRecord,
+    CompensationStatus,
+    StepStatus,
+)
+
+Factory = Callable[[Path], Journal]
+JOURNALS: dict[str, Factory] = {
+    "in-memory": lambda tmp: InMemoryJournal(),
+    "sqlite": lambda tmp: SqliteJournal(tmp / "journal.db"),
+}
+
+
+@pytest.fixture(params=list(JOURNALS))
+def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Journal:
+    return JOURNALS[request.param](tmp_path)
+
+
+def test_it_gives_a_lock_to_one_owner_at_a_time(journal: Journal) -> None:
+    assert journal.lock_acquire("r", "a", 0.05)
+    assert journal.lock_acquire("r", "a", 0.05)  # the holder may extend it
+    assert not journal.lock_acquire("r", "b", 10)
+    assert journal.lock_renew("r", "a", 0.05)
+    time.sleep(0.06)
+    assert journal.lock_acquire("r", "b", 10)  # expired: taken over
+    assert not journal.lock_renew("r", "a", 10)  # and never taken back by a renewal
+    journal.lock_release("r", "a")  # not the holder: no effect
+    assert not journal.lock_acquire("r", "c", 10)
+    journal.lock_release("r", "b")
+    assert not journal.lock_renew("r", "b", 10)  # released: nothing to renew
+    assert journal.lock_acquire("r", "c", 10)
+
+
+def test_it_numbers_attempts_and_reports_a_step_left_in_doubt(journal: Journal) -> None:
+    journal.run_begin("r")
+    step, previous = journal.step_start("r", "t1", "charge", ("payment",))
+    assert (step.attempt, previous) == (1, None)
+    step, previous = journal.step_start("r", "t1", "charge", ("payment",))  # never finished
+    assert (step.attempt, previous) == (2, StepStatus.STARTED)
+    journal.step_finish("r", "t1", StepStatus.SUCCEEDED, update={"id": "ch_1"},
+                        state_after={"id": "ch_1"})
+    journal.step_start("r", "t2", "ship")
+    journal.step_finish("r", "t2", StepStatus.FAILED)
+    journal.step_start("r", "t3", "notify")
+    journal.step_finish("r", "t3", StepStatus.VIOLATED)
+    steps = {s.step_id: s for s in journal.steps("r")}
+    assert steps["t1"].tags == ("payment",) and steps["t1"].state_after == {"id": "ch_1"}
+    assert [steps[t].done_seq for t in ("t1", "t2", "t3")] == [1, None, 2]
+
+
+def test_it_keeps_one_compensation_record_per_step_with_every_attempt(journal: Journal) -> None:
+    journal.run_begin("r")
+    journal.step_start("r", "t1", "charge")
+    record = CompensationRecord("r", "t1", "charge", "sg-key")
+    first = journal.compensation_begin(record)
+    journal.compensation_attempt("r", "t1", AttemptRecord(1, 1.0, 2.0, False),
+                                 CompensationStatus.RUNNING)
+    again = journal.compensation_begin(CompensationRecord("r", "t1", "charge", "other-key"))
+    assert again.idempotency_key == first.idempotency_key == "sg-key"
+    journal.compensation_attempt("r", "t1", AttemptRecord(2, 3.0, 4.0, True, "True"),
+                                 CompensationStatus.SUCCEEDED)
+    (comp,) = journal.compensations("r")
+    assert comp.status == CompensationStatus.SUCCEEDED
+    assert [(a.number, a.ok) for a in comp.attempts] == [(1, False), (2, True)]
+
+
+def test_it_decides_an_approval_once(journal: Journal) -> None:
+    journal.run_begin("r")
+    journal.approval_request(ApprovalRecord("r", "t1", "charge", payload={"amount": 5}))
+    journal.approval_request(ApprovalRecord("r", "t1", "charge", payload={"amount": 9}))
+    assert journal.approval_decide("r", "t1", ApprovalStatus.APPROVED, by="alice")
+    assert not journal.approval_decide("r", "t1", ApprovalStatus.REJECTED, by="bob")
+    (approval,) = journal.approvals("r")
+    assert (approval.status, approval.decided_by, approval.payload) == (
+        ApprovalStatus.APPROVED, "alice", {"amount": 5})
