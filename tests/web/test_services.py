@@ -137,3 +137,27 @@ class CommandTests(TestCase):
         with pytest.raises(CommandError, match="no run"):
             call_command("run_status", "not-a-uuid")
         assert not Run.objects.exists()
+
+
+class RecoveryTests(TestCase):
+    def test_it_requeues_a_claimed_run_whose_worker_died_before_its_first_step(self) -> None:
+        import json as _json
+        from datetime import timedelta
+
+        import redis
+        from django.conf import settings
+        from django.utils import timezone
+
+        from stateguard_web.sagas import tasks
+
+        broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        broker.delete("celery")
+        run = Run.objects.create(agent="provision", input={"name": "x"},
+                                 status=Run.Status.RUNNING, lease_owner="dead-worker",
+                                 lease_expires_at=timezone.now() - timedelta(seconds=1))
+        tasks.run_recover.apply(args=(run.pk,))
+        run.refresh_from_db()
+        assert run.status == Run.Status.PENDING
+        (message,) = [_json.loads(m) for m in broker.lrange("celery", 0, -1)]
+        assert message["headers"]["task"] == "stateguard_web.sagas.tasks.run_execute"
+        assert message["headers"]["argsrepr"] == f"({run.pk},)"
