@@ -106,8 +106,9 @@ class _NodeWrapper:
             raise exc
         core.check_lease(run_id)
         _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags)
-        emit(core.on_event, Event("step.started", run_id, self.name, step_id,
-                                  {"in_doubt_rerun": previous == StepStatus.STARTED}))
+        if core.on_event is not None:  # the hot path: build events only for a listener
+            emit(core.on_event, Event("step.started", run_id, self.name, step_id,
+                                      {"in_doubt_rerun": previous == StepStatus.STARTED}))
         return run_id, step_id, values
 
     def _gate(self, run_id: str, step_id: str, values: dict[str, Any]) -> None:
@@ -168,7 +169,8 @@ class _NodeWrapper:
         if found is None:
             core.journal.step_finish(run_id, step_id, StepStatus.SUCCEEDED, update=update,
                                      state_after=after)
-            emit(core.on_event, Event("step.succeeded", run_id, self.name, step_id))
+            if core.on_event is not None:
+                emit(core.on_event, Event("step.succeeded", run_id, self.name, step_id))
             return result
         invariant, message = found
         exc = InvariantViolation(invariant.name, message, node=self.name)
