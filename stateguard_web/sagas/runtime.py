@@ -31,13 +31,18 @@ def saver() -> BaseCheckpointSaver[Any]:
         import psycopg
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
+        from psycopg_pool import ConnectionPool
 
         conninfo = psycopg.conninfo.make_conninfo(
             dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
             host=db.get("HOST") or None, port=db.get("PORT") or None)
-        conn = psycopg.connect(conninfo, autocommit=True, prepare_threshold=0,
-                               row_factory=dict_row)
-        return PostgresSaver(conn)  # type: ignore[arg-type]  # its tables: migration 0002
+        # A small pool that checks a connection before lending it: a worker outlives restarts
+        # of the database, and one broken connection must not fail every later run.
+        pool: ConnectionPool[Any] = ConnectionPool(
+            conninfo, min_size=1, max_size=4, check=ConnectionPool.check_connection,
+            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+            open=True)
+        return PostgresSaver(pool)  # its tables: migration 0002
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     path = Path(str(db["NAME"])).with_suffix(".checkpoints.sqlite")
