@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +31,7 @@ from stateguard.records import (
     StepStatus,
 )
 from stateguard.report import CompensationOutcome, UnwindReport
+from stateguard.retry import CompensationRetry
 from stateguard.spec import Compensation, GuardSpec
 
 
@@ -63,17 +64,52 @@ def plan(journal: Journal, run_id: str, spec: GuardSpec, *, include_in_doubt: bo
             + [_Planned(s, spec.compensation_for(s.node, s.tags), False) for s in done])
 
 
+@dataclass(slots=True)
+class _Attempting:
+    """One compensation being tried: the attempts of earlier unwinds, then this one's."""
+
+    item: _Planned
+    fn: Any
+    record: CompensationRecord
+    retry: CompensationRetry
+    attempts: list[AttemptRecord]
+    tries: int = 0
+    status: CompensationStatus = CompensationStatus.RUNNING
+
+
 class _Unwinder:
-    """State shared by the sync and async twins; only the call and the sleep differ."""
+    """Everything but calling the compensation and waiting between attempts, which the sync
+    and async drivers (``unwind``/``aunwind``) do their own way:
+
+        for attempt, ctx, state in unwinder.attempts():
+            ...call attempt.fn(state, ctx)...
+            delay = unwinder.record(attempt, started, result, error)
+    """
 
     def __init__(self, journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
-                 triggered_by: str, fallback_state: Any, on_event: EventCallback | None) -> None:
+                 include_in_doubt: bool, triggered_by: str, fallback_state: Any,
+                 on_event: EventCallback | None, check: Callable[[], None]) -> None:
         self.journal, self.run_id, self.spec, self.cause = journal, run_id, spec, cause
-        self.triggered_by, self.fallback_state, self.on_event = (
-            triggered_by, fallback_state, on_event)
+        self.include_in_doubt, self.triggered_by = include_in_doubt, triggered_by
+        self.fallback_state, self.on_event, self.check = fallback_state, on_event, check
         self.outcomes: list[CompensationOutcome] = []
 
-    def begin(self, item: _Planned) -> tuple[CompensationRecord, int] | None:
+    def attempts(self) -> Iterator[tuple[_Attempting, ExceptionContext, Any]]:
+        """Each attempt to make, newest step first; ``record`` must follow each one."""
+        self.journal.run_set_status(self.run_id, RunStatus.COMPENSATING)
+        emit(self.on_event, Event("run.status", self.run_id,
+                                  data={"status": str(RunStatus.COMPENSATING)}))
+        for item in plan(self.journal, self.run_id, self.spec,
+                         include_in_doubt=self.include_in_doubt):
+            attempt = self._begin(item)
+            if attempt is None:
+                continue
+            while attempt.status == CompensationStatus.RUNNING:
+                self.check()
+                yield attempt, self._context(attempt), self._state_for(item.step)
+            self._finish(item.step, attempt.status, attempt.attempts)
+
+    def _begin(self, item: _Planned) -> _Attempting | None:
         """Journal the compensation row; ``None`` when there is nothing to run for this step."""
         step, comp = item.step, item.compensation
         if comp is None:
@@ -86,68 +122,68 @@ class _Unwinder:
             self.outcomes.append(CompensationOutcome(step.node, step.step_id, "already_done",
                                                      len(record.attempts)))
             return None
+        attempts = list(record.attempts)
         if item.in_doubt and not comp.in_doubt_safe:
             now = time.time()
             error = ErrorInfo("InDoubt", f"step {step.node!r} was in progress when the process "
                               "died and its compensation is not declared in_doubt_safe")
-            self.journal.compensation_attempt(
-                self.run_id, step.step_id,
-                AttemptRecord(len(record.attempts) + 1, now, now, False, error=error),
-                CompensationStatus.SKIPPED_IN_DOUBT)
-            self._finish(step, CompensationStatus.SKIPPED_IN_DOUBT, 1, [error])
+            skipped = AttemptRecord(len(attempts) + 1, now, now, False, error=error)
+            self.journal.compensation_attempt(self.run_id, step.step_id, skipped,
+                                              CompensationStatus.SKIPPED_IN_DOUBT)
+            self._finish(step, CompensationStatus.SKIPPED_IN_DOUBT, [skipped])
             return None
-        return record, len(record.attempts)
+        return _Attempting(item, comp.fn, record, comp.retry or self.spec.retry, attempts)
 
-    def context(self, item: _Planned, record: CompensationRecord, attempt: int
-                ) -> ExceptionContext:
+    def _context(self, attempt: _Attempting) -> ExceptionContext:
+        step = attempt.item.step
         return ExceptionContext(
-            run_id=self.run_id, node=item.step.node, step_id=item.step.step_id,
-            step_result=item.step.update, attempt=attempt,
-            idempotency_key=record.idempotency_key, reason=self.cause.reason,
+            run_id=self.run_id, node=step.node, step_id=step.step_id,
+            step_result=step.update, attempt=len(attempt.attempts) + 1,
+            idempotency_key=attempt.record.idempotency_key, reason=self.cause.reason,
             failed_node=self.cause.failed_node, error=self.cause.error,
-            invariant=self.cause.invariant, in_doubt=item.in_doubt)
+            invariant=self.cause.invariant, in_doubt=attempt.item.in_doubt)
 
-    def state_for(self, step: StepRecord) -> Any:
+    def _state_for(self, step: StepRecord) -> Any:
         if step.state_after is not None:
             return step.state_after
         if callable(self.fallback_state):  # computed only when a step has no state of its own
             self.fallback_state = self.fallback_state()
         return self.fallback_state
 
-    def record(self, item: _Planned, number: int, started: float, result: Any,
-               error: BaseException | None, last: bool) -> CompensationStatus:
-        step = item.step
+    def record(self, attempt: _Attempting, started: float, result: Any,
+               error: BaseException | None) -> float:
+        """Journal the attempt before anything else happens; the seconds to wait before the
+        next attempt (0 when this was the last one)."""
+        step = attempt.item.step
+        attempt.tries += 1
+        last = attempt.tries >= attempt.retry.attempts
         if error is None:
-            status = (CompensationStatus.SUCCEEDED if result
-                      else CompensationStatus.NOTHING_TO_UNDO)
-        else:
-            status = CompensationStatus.FAILED if last else CompensationStatus.RUNNING
+            attempt.status = (CompensationStatus.SUCCEEDED if result
+                              else CompensationStatus.NOTHING_TO_UNDO)
+        elif last:
+            attempt.status = CompensationStatus.FAILED
         info = ErrorInfo.from_exception(error) if error is not None else None
-        self.journal.compensation_attempt(
-            self.run_id, step.step_id,
-            AttemptRecord(number, started, time.time(), error is None,
-                          result=repr(result)[:200] if error is None else "", error=info),
-            status)
+        done = AttemptRecord(len(attempt.attempts) + 1, started, time.time(), error is None,
+                             result=repr(result)[:200] if error is None else "", error=info)
+        self.journal.compensation_attempt(self.run_id, step.step_id, done, attempt.status)
+        attempt.attempts.append(done)
         emit(self.on_event, Event("compensation.attempt", self.run_id, step.node, step.step_id,
-                                  {"attempt": number, "ok": error is None,
+                                  {"attempt": done.number, "ok": error is None,
                                    "error": str(info) if info else None}))
-        return status
+        if attempt.status != CompensationStatus.RUNNING:
+            return 0.0
+        return attempt.retry.delay(attempt.tries)
 
-    def _finish(self, step: StepRecord, status: CompensationStatus, attempts: int,
-                errors: list[ErrorInfo]) -> None:
-        self.outcomes.append(CompensationOutcome(step.node, step.step_id, status, attempts,
-                                                 tuple(errors)))
+    def _finish(self, step: StepRecord, status: CompensationStatus,
+                attempts: list[AttemptRecord]) -> None:
+        errors = tuple(a.error for a in attempts if a.error is not None)
+        self.outcomes.append(CompensationOutcome(step.node, step.step_id, status,
+                                                 len(attempts), errors))
         kind: EventType = "compensation.failed" if status in (
             CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT
         ) else "compensation.succeeded"
         emit(self.on_event, Event(kind, self.run_id, step.node, step.step_id,
-                                  {"status": str(status), "attempts": attempts}))
-
-    def finish_step(self, item: _Planned, status: CompensationStatus, record_id: str) -> None:
-        comps = {c.step_id: c for c in self.journal.compensations(self.run_id)}
-        attempts = comps[record_id].attempts if record_id in comps else []
-        self._finish(item.step, status, len(attempts),
-                     [a.error for a in attempts if a.error is not None])
+                                  {"status": str(status), "attempts": len(attempts)}))
 
     def report(self) -> UnwindReport:
         result = UnwindReport(self.run_id, self.cause.reason, tuple(self.outcomes))
@@ -155,11 +191,6 @@ class _Unwinder:
         self.journal.run_set_status(self.run_id, status, self.cause.error)
         emit(self.on_event, Event("run.status", self.run_id, data={"status": str(status)}))
         return result
-
-
-def _start(journal: Journal, run_id: str, on_event: EventCallback | None) -> None:
-    journal.run_set_status(run_id, RunStatus.COMPENSATING)
-    emit(on_event, Event("run.status", run_id, data={"status": str(RunStatus.COMPENSATING)}))
 
 
 def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
@@ -173,36 +204,21 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
     value, or a zero-argument callable computed on first need) stands in for steps that have
     none, such as a step left in doubt by a dead process. ``check`` runs before every attempt
     and raises to stop (the lease was lost: another process owns the unwind now)."""
-    u = _Unwinder(journal, run_id, spec, cause, triggered_by=triggered_by,
-                  fallback_state=fallback_state, on_event=on_event)
-    _start(journal, run_id, on_event)
-    for item in plan(journal, run_id, spec, include_in_doubt=include_in_doubt):
-        begun = u.begin(item)
-        if begun is None:
-            continue
-        record, done = begun
-        assert item.compensation is not None
-        retry = item.compensation.retry or spec.retry
-        status = CompensationStatus.RUNNING
-        for i in range(retry.attempts):
-            number, started = done + i + 1, time.time()
-            check()
-            try:
-                assert item.compensation is not None
-                result = item.compensation.fn(u.state_for(item.step),
-                                              u.context(item, record, number))
-                if inspect.isawaitable(result):
-                    result = _run_coroutine(result)
-                error: BaseException | None = None
-            except Exception as exc:
-                result, error = None, exc
-            last = i == retry.attempts - 1
-            status = u.record(item, number, started, result, error, last)
-            if error is None:
-                break
-            if not last:
-                sleep(retry.delay(i + 1))
-        u.finish_step(item, status, item.step.step_id)
+    u = _Unwinder(journal, run_id, spec, cause, include_in_doubt=include_in_doubt,
+                  triggered_by=triggered_by, fallback_state=fallback_state, on_event=on_event,
+                  check=check)
+    for attempt, ctx, state in u.attempts():
+        started = time.time()
+        try:
+            result = attempt.fn(state, ctx)
+            if inspect.isawaitable(result):
+                result = _run_coroutine(result)
+            error: BaseException | None = None
+        except Exception as exc:
+            result, error = None, exc
+        delay = u.record(attempt, started, result, error)
+        if delay:
+            sleep(delay)
     return u.report()
 
 
@@ -211,39 +227,24 @@ async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, 
                   fallback_state: Any = None, on_event: EventCallback | None = None,
                   check: Callable[[], None] = lambda: None) -> UnwindReport:
     """``unwind`` for asyncio: awaits async compensations, runs sync ones in a thread."""
-    u = _Unwinder(journal, run_id, spec, cause, triggered_by=triggered_by,
-                  fallback_state=fallback_state, on_event=on_event)
-    _start(journal, run_id, on_event)
-    for item in plan(journal, run_id, spec, include_in_doubt=include_in_doubt):
-        begun = u.begin(item)
-        if begun is None:
-            continue
-        record, done = begun
-        comp = item.compensation
-        assert comp is not None
-        retry = comp.retry or spec.retry
-        status = CompensationStatus.RUNNING
-        for i in range(retry.attempts):
-            number, started = done + i + 1, time.time()
-            check()
-            ctx = u.context(item, record, number)
-            try:
-                if inspect.iscoroutinefunction(comp.fn):
-                    result = await comp.fn(u.state_for(item.step), ctx)
-                else:
-                    result = await asyncio.to_thread(comp.fn, u.state_for(item.step), ctx)
-                    if inspect.isawaitable(result):
-                        result = await result
-                error: BaseException | None = None
-            except Exception as exc:
-                result, error = None, exc
-            last = i == retry.attempts - 1
-            status = u.record(item, number, started, result, error, last)
-            if error is None:
-                break
-            if not last:
-                await asyncio.sleep(retry.delay(i + 1))
-        u.finish_step(item, status, item.step.step_id)
+    u = _Unwinder(journal, run_id, spec, cause, include_in_doubt=include_in_doubt,
+                  triggered_by=triggered_by, fallback_state=fallback_state, on_event=on_event,
+                  check=check)
+    for attempt, ctx, state in u.attempts():
+        started = time.time()
+        try:
+            if inspect.iscoroutinefunction(attempt.fn):
+                result = await attempt.fn(state, ctx)
+            else:
+                result = await asyncio.to_thread(attempt.fn, state, ctx)
+                if inspect.isawaitable(result):
+                    result = await result
+            error: BaseException | None = None
+        except Exception as exc:
+            result, error = None, exc
+        delay = u.record(attempt, started, result, error)
+        if delay:
+            await asyncio.sleep(delay)
     return u.report()
 
 
