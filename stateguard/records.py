@@ -78,6 +78,14 @@ class ErrorInfo:
         return cls(type(exc).__name__, str(exc),
                    "".join(traceback.format_exception(exc)).strip())
 
+    def to_dict(self) -> dict[str, str]:
+        """For journals that store errors as JSON."""
+        return {"type": self.type, "message": self.message, "traceback": self.traceback}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ErrorInfo | None:
+        return cls(**data) if data else None
+
     def __str__(self) -> str:
         return f"{self.type}: {self.message}"
 

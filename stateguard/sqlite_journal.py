@@ -8,7 +8,6 @@ JSON: values JSON cannot hold are stored as their ``repr``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 import threading
@@ -66,8 +65,7 @@ def _loads(text: str | None) -> Any:
 
 
 def _error(text: str | None) -> ErrorInfo | None:
-    data = _loads(text)
-    return ErrorInfo(**data) if data else None
+    return ErrorInfo.from_dict(_loads(text))
 
 
 class SqliteJournal:
@@ -131,7 +129,7 @@ class SqliteJournal:
                        " VALUES (?, ?, ?, ?)", (run_id, status.value, now, now))
             db.execute("UPDATE sg_runs SET status = ?, updated_at = ?,"
                        " error = CASE WHEN ? THEN error ELSE ? END WHERE run_id = ?",
-                       (status.value, now, keep_error, _dumps(error and dataclasses.asdict(error)),
+                       (status.value, now, keep_error, _dumps(error and error.to_dict()),
                         run_id))
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
@@ -180,7 +178,7 @@ class SqliteJournal:
             " error = ?, done_seq = CASE WHEN ? THEN (SELECT COALESCE(MAX(done_seq), 0) + 1"
             " FROM sg_steps WHERE run_id = ?) END WHERE run_id = ? AND step_id = ?",
             (status.value, time.time(), _dumps(update), _dumps(state_after),
-             _dumps(error and dataclasses.asdict(error)), with_effect, run_id, run_id, step_id))
+             _dumps(error and error.to_dict()), with_effect, run_id, run_id, step_id))
 
     def steps(self, run_id: str) -> list[StepRecord]:
         rows = self._db().execute(
@@ -207,7 +205,7 @@ class SqliteJournal:
                        " finished_at, ok, result, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (run_id, step_id, attempt.number, attempt.started_at,
                         attempt.finished_at, attempt.ok, attempt.result,
-                        _dumps(attempt.error and dataclasses.asdict(attempt.error))))
+                        _dumps(attempt.error and attempt.error.to_dict())))
             db.execute("UPDATE sg_compensations SET status = ? WHERE run_id = ? AND"
                        " step_id = ?", (status.value, run_id, step_id))
 

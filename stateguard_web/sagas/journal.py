@@ -81,13 +81,7 @@ def _json(value: Any) -> Any:
 
 
 def _error_json(error: ErrorInfo | None) -> dict[str, str] | None:
-    if error is None:
-        return None
-    return {"type": error.type, "message": error.message, "traceback": error.traceback}
-
-
-def _error(data: Any) -> ErrorInfo | None:
-    return ErrorInfo(**data) if data else None
+    return error.to_dict() if error else None
 
 
 class DjangoJournal:
@@ -131,7 +125,7 @@ class DjangoJournal:
 
     @staticmethod
     def _run_record(run: Run) -> RunRecord:
-        return RunRecord(str(run.code), RunStatus(run.status), _error(run.error),
+        return RunRecord(str(run.code), RunStatus(run.status), ErrorInfo.from_dict(run.error),
                          run.lease_owner or None, _ts(run.lease_expires_at) or 0.0,
                          run.created_at.timestamp(), run.updated_at.timestamp())
 
@@ -214,7 +208,7 @@ class DjangoJournal:
     def steps(self, run_id: str) -> list[StepRecord]:
         return [StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status),
                            s.attempt, s.started_at.timestamp(), _ts(s.finished_at), s.done_seq,
-                           s.update, s.state_after, _error(s.error))
+                           s.update, s.state_after, ErrorInfo.from_dict(s.error))
                 for s in Step.objects.filter(run__code=run_id).order_by("started_at")]
 
     # -- compensations ----------------------------------------------------------------------
@@ -245,7 +239,7 @@ class DjangoJournal:
             run_id, c.step.step_id, c.node, c.idempotency_key, CompensationStatus(c.status),
             c.triggered_by,
             [AttemptRecord(a.number, a.started_at.timestamp(), a.finished_at.timestamp(), a.ok,
-                           a.result, _error(a.error)) for a in c.attempts.all()])
+                           a.result, ErrorInfo.from_dict(a.error)) for a in c.attempts.all()])
             for c in comps]
 
     # -- approvals --------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from agents import registry
 from agents.registry import AgentSpec
 from stateguard import StateGuardCheckpointer
+from stateguard_web.sagas import pg
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal
 
@@ -28,14 +29,11 @@ from stateguard_web.sagas.journal import DjangoJournal
 def saver() -> BaseCheckpointSaver[Any]:
     db = settings.DATABASES["default"]
     if connection.vendor == "postgresql":
-        import psycopg
         from langgraph.checkpoint.postgres import PostgresSaver
         from psycopg.rows import dict_row
         from psycopg_pool import ConnectionPool
 
-        conninfo = psycopg.conninfo.make_conninfo(
-            dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
-            host=db.get("HOST") or None, port=db.get("PORT") or None)
+        conninfo = pg.conninfo(db)
         # A small pool that checks a connection before lending it: a worker outlives restarts
         # of the database, and one broken connection must not fail every later run.
         pool: ConnectionPool[Any] = ConnectionPool(

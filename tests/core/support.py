@@ -47,6 +47,23 @@ def line_builder(nodes: list[str], effects: list[str],
     return builder
 
 
+def fork_builder(effects: list[str], sibling: str) -> StateGraph[Any, Any, Any, Any]:
+    """``charge``, then in parallel ``sibling`` (which succeeds) and ``book`` (which raises)."""
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(LineState)
+    for name in ("charge", sibling):
+        builder.add_node(name, lambda s, name=name: effects.append(name) or {"log": [name]})
+
+    def book(state: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("warehouse down")
+
+    builder.add_node("book", book)
+    builder.add_edge(START, "charge")
+    for name in (sibling, "book"):
+        builder.add_edge("charge", name)
+        builder.add_edge(name, END)
+    return builder
+
+
 def undo(log: list[str], name: str, result: Any = True) -> Callable[..., Any]:
     def compensation(state: dict[str, Any], ctx: Any) -> Any:
         log.append(f"undo:{name}")

@@ -22,7 +22,7 @@ from stateguard import (
     StateGuardCheckpointer,
     StepStatus,
 )
-from tests.core.support import config, line_builder, undo
+from tests.core.support import config, fork_builder, line_builder, undo
 
 NODES = ["a", "b", "c"]
 
@@ -171,24 +171,8 @@ async def test_it_runs_async_compensations_from_a_sync_unwind_inside_an_event_lo
 
 
 def test_it_closes_pending_approvals_when_a_run_unwinds() -> None:
-    from langgraph.graph import END
-
-    from tests.core.support import LineState
-
     effects: list[str] = []
-    builder = StateGraph(LineState)
-    builder.add_node("charge", lambda s: effects.append("charge") or {})
-    builder.add_node("ship", lambda s: effects.append("ship") or {})  # gated
-
-    def boom(state: Any) -> Any:
-        raise ValueError("warehouse down")
-
-    builder.add_node("book", boom)
-    builder.add_edge(START, "charge")
-    builder.add_edge("charge", "ship")
-    builder.add_edge("charge", "book")
-    builder.add_edge("ship", END)
-    builder.add_edge("book", END)
+    builder = fork_builder(effects, "ship")  # ship is gated, book fails next to it
     guard = StateGuardCheckpointer(approvals=["ship"],
                                    compensations={"charge": undo(effects, "charge")})
     graph = guard.compile(builder)

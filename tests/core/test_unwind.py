@@ -17,7 +17,7 @@ from stateguard import (
     SagaAborted,
     StateGuardCheckpointer,
 )
-from tests.core.support import FAST_RETRY, config, line_builder, undo
+from tests.core.support import FAST_RETRY, config, fork_builder, line_builder, undo
 
 NODES = ["reserve", "charge", "email", "ship"]
 
@@ -183,28 +183,11 @@ def test_it_passes_state_and_context_to_the_compensation() -> None:
 
 
 def test_it_undoes_a_parallel_sibling_that_succeeded_next_to_a_failing_one() -> None:
-    from langgraph.graph import END, START, StateGraph
-
-    from tests.core.support import LineState
-
     effects: list[str] = []
-    builder = StateGraph(LineState)
-    builder.add_node("charge", lambda s: effects.append("charge") or {"log": ["charge"]})
-    builder.add_node("notify", lambda s: effects.append("notify") or {"log": ["notify"]})
-
-    def boom(state: object) -> dict[str, object]:
-        raise ValueError("boom")
-
-    builder.add_node("book", boom)
-    builder.add_edge(START, "charge")
-    builder.add_edge("charge", "notify")
-    builder.add_edge("charge", "book")
-    builder.add_edge("notify", END)
-    builder.add_edge("book", END)
     guard = StateGuardCheckpointer(compensations={"charge": undo(effects, "charge"),
                                                   "notify": undo(effects, "notify")})
     with pytest.raises(SagaAborted):
-        guard.invoke(guard.compile(builder), {}, config("r8"))
+        guard.invoke(guard.compile(fork_builder(effects, "notify")), {}, config("r8"))
     assert effects == ["charge", "notify", "undo:notify", "undo:charge"]
 
 

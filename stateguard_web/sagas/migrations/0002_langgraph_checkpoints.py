@@ -16,14 +16,11 @@ def setup_checkpoints(apps: Any, schema_editor: Any) -> None:
     connection = schema_editor.connection
     if connection.vendor != "postgresql":
         return
-    import psycopg
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    db = connection.settings_dict
-    conninfo = psycopg.conninfo.make_conninfo(
-        dbname=db["NAME"], user=db.get("USER") or None, password=db.get("PASSWORD") or None,
-        host=db.get("HOST") or None, port=db.get("PORT") or None)
-    with PostgresSaver.from_conn_string(conninfo) as saver:
+    from stateguard_web.sagas.pg import conninfo
+
+    with PostgresSaver.from_conn_string(conninfo(connection.settings_dict)) as saver:
         saver.setup()
 
 
