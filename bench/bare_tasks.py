@@ -27,6 +27,9 @@ def bare_run(batch: str) -> None:
 
 @cache
 def _graph() -> Any:
-    from stateguard_web.sagas.runtime import saver
+    from langgraph.checkpoint.postgres import PostgresSaver
 
-    return build().compile(checkpointer=saver())
+    from stateguard_web.sagas.runtime import checkpoint_pool
+
+    # LangGraph's own saver on the same pool of connections as the guarded runs
+    return build().compile(checkpointer=PostgresSaver(checkpoint_pool()))

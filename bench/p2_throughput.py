@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,6 +74,30 @@ def bare_round(n: int) -> float:
     return n / (max(e for _, e in spans) - min(s for s, _ in spans))
 
 
+def cpu_seconds() -> dict[str, float]:
+    """CPU time used so far by the worker processes, PostgreSQL and Redis (all of their
+    processes), to see where a round's time goes."""
+    import psutil
+
+    used = {"worker": 0.0, "postgres": 0.0, "redis": 0.0}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        name, cmd = proc.info["name"] or "", " ".join(proc.info["cmdline"] or ())
+        kind = ("postgres" if name.startswith("postgres") else "redis" if "redis" in name
+                else "worker" if "celery" in cmd and "worker" in cmd else None)
+        if kind and proc.info["cpu_times"]:
+            used[kind] += proc.info["cpu_times"].user + proc.info["cpu_times"].system
+    return used
+
+
+def timed(round_fn: Callable[[int], float], n: int, cpu: dict[str, list[float]]) -> float:
+    before = cpu_seconds()
+    rate = round_fn(n)
+    after = cpu_seconds()
+    for kind, used in after.items():
+        cpu.setdefault(kind, []).append((used - before[kind]) / n * 1e3)
+    return rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=1000)
@@ -96,9 +121,10 @@ def main() -> None:
         guarded_round(50)  # warm up: savers set up, graphs compiled, connections open
         bare_round(50)
         results: dict[str, list[float]] = {"guarded": [], "bare": []}
+        cpu: dict[str, dict[str, list[float]]] = {"guarded": {}, "bare": {}}
         for _ in range(args.rounds):
-            results["guarded"].append(guarded_round(args.runs))
-            results["bare"].append(bare_round(args.runs))
+            results["guarded"].append(timed(guarded_round, args.runs, cpu["guarded"]))
+            results["bare"].append(timed(bare_round, args.runs, cpu["bare"]))
     finally:
         worker.terminate()
         worker.wait(timeout=30)
@@ -110,6 +136,9 @@ def main() -> None:
     print(f"  ceiling (bare Celery task, same saver)         {bare:7.1f} runs/s  "
           f"{results['bare']}")
     print(f"  ratio {guarded / bare:.2f}")
+    for kind in ("guarded", "bare"):
+        print(f"  CPU ms per run, {kind}: " + ", ".join(
+            f"{k} {statistics.median(v):.2f}" for k, v in cpu[kind].items()))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command
@@ -23,7 +24,7 @@ from stateguard.exceptions import (
     RunNotFound,
     SagaAborted,
 )
-from stateguard.instrument import INSTRUMENTED_KEY, NODE_ATTR, RUNNER_KEY, instrument
+from stateguard.instrument import INSTRUMENTED_KEY, NODE_ATTR, RUNNER_KEY, instrument, node_tags
 from stateguard.records import ApprovalRecord, ApprovalStatus, RunStatus, RunView, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.state import state_values
@@ -61,6 +62,7 @@ def _runner_config(config: RunnableConfig) -> RunnableConfig:
 class GuardRunner:
     core: GuardCore
     on_error: str
+    saver: BaseCheckpointSaver[Any]  # the wrapped one
 
     # -- building ---------------------------------------------------------------------------
     def instrument(self, builder: StateGraph[Any, Any, Any, Any]
@@ -101,14 +103,14 @@ class GuardRunner:
         from its input would repeat every effect)."""
         run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):  # creates the run if it is new
-            self._start(run_id)
+            self._start(run_id, config)
             return self._run(graph, input, config, kwargs)
 
     async def ainvoke(self, graph: Pregel[Any, Any, Any, Any], input: Any,
                       config: RunnableConfig, **kwargs: Any) -> Any:
         run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):
-            self._start(run_id)
+            self._start(run_id, config)
             return await self._arun(graph, input, config, kwargs)
 
     def _begin(self, graph: Any, input: Any, config: RunnableConfig,
@@ -122,13 +124,16 @@ class GuardRunner:
             raise ConfigurationError(f"the guard sets {reserved} itself")
         return run_id_of(config)
 
-    def _start(self, run_id: str) -> None:
+    def _start(self, run_id: str, config: RunnableConfig) -> None:
         run = self._run_record(run_id)
-        # PENDING: queued by the web app; RUNNING with no step: just created by the lease, or
-        # claimed by a worker (which set the status already).
+        # PENDING: queued by the web app; RUNNING with no step: just created by the lease. A
+        # journal that writes step rows with the checkpoint may have lost the row of a step
+        # that ran: there the thread must have no checkpoint either.
         if run.status == RunStatus.PENDING:
             self.core.set_status(run_id, RunStatus.RUNNING)
-        elif run.status != RunStatus.RUNNING or self.core.journal.steps(run_id):
+        elif run.status != RunStatus.RUNNING or self.core.journal.steps(run_id) or (
+                getattr(self.core.journal, "defers_steps", False)
+                and self.saver.get_tuple(config) is not None):
             raise InvalidRunState(f"run {run_id!r} already ran ({run.status}); use approve, "
                                   "retry or compensate, or a new thread_id")
         else:  # already marked running: tell live views without writing it again
@@ -307,6 +312,7 @@ class GuardRunner:
             if run.status not in _RESUMABLE:
                 raise InvalidRunState(f"run {run_id!r} is {run.status}; only a failed or "
                                       "crashed run can be retried")
+            self._reconcile(graph, config, run_id)
             doubtful = [s.node for s in self.core.journal.steps(run_id)
                         if s.status == StepStatus.STARTED]
             if doubtful and not force:
@@ -324,9 +330,33 @@ class GuardRunner:
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
+            self._reconcile(graph, config, run_id)
             return self.core.unwind(run_id, Cause(reason), triggered_by=by,
                                     include_in_doubt=True,
                                     fallback_state=lambda: _values(graph, config))
+
+    def _reconcile(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                   run_id: str) -> None:
+        """Journal as started (in doubt) the steps whose rows a dead process took with it.
+
+        Only for journals that write step rows with the checkpoint (``defers_steps``): there a
+        step's row commits with its task's writes, so a step the last checkpoint still lists as
+        a pending task, with no writes and no row, may have run. Its body never ran if it was
+        waiting for an approval that was not given."""
+        journal = self.core.journal
+        if not getattr(journal, "defers_steps", False):
+            return
+        known = {s.step_id for s in journal.steps(run_id)}
+        approved = {a.step_id for a in journal.approvals(run_id)
+                    if a.status == ApprovalStatus.APPROVED}
+        nodes = getattr(getattr(graph, "builder", None), "nodes", {})
+        for task in graph.get_state(config).tasks:
+            if (task.id in known or task.error is not None or task.result is not None
+                    or (task.interrupts and task.id not in approved)):
+                continue
+            spec = nodes.get(task.name)
+            journal.step_start(run_id, task.id, task.name,
+                               node_tags(spec.metadata) if spec is not None else ())
 
     def recover(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                 resume: bool = False) -> Any:

@@ -89,7 +89,10 @@ def publish(event: Event) -> None:
     Consumers receive ``{"type": "run.events", "events": [payload, ...]}``, oldest first."""
     payload = event_payload(event)
     groups = (run_group(event.run_id), ALL_RUNS_GROUP)
-    transaction.on_commit(lambda: _safe_send(groups, payload))
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: _safe_send(groups, payload))
+    else:  # autocommit: what the event reports is written already (or goes with the checkpoint)
+        _safe_send(groups, payload)
 
 
 def _safe_send(groups: tuple[str, ...], payload: dict[str, Any]) -> None:

@@ -4,6 +4,11 @@ Fencing: when this journal takes a run's lease it remembers the run's fencing to
 later write for that run first bumps the run row *only if the token is unchanged*, in the same
 transaction as the write. A worker whose lease expired and was taken over (the token grew)
 gets ``LeaseLost`` instead of writing; the row lock also serializes a run's writes.
+
+With ``defer_steps=True`` (PostgreSQL, with ``JournalingPostgresSaver``) the step rows of a run
+this journal holds the lease of are written with LangGraph's checkpoint writes instead of on
+their own (see ``step_rows``); any other use of the run writes them first, so that readers in
+this process never see the journal behind.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from stateguard import ErrorInfo, RunLocked, RunNotFound
@@ -32,6 +37,7 @@ from stateguard.records import (
     json_default,
 )
 from stateguard_web.sagas.models import Approval, Compensation, CompensationAttempt, Run, Step
+from stateguard_web.sagas.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer
 
 _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
 # ``fence``: the run row, if its fencing token is still ours (or we hold no lease). On
@@ -55,12 +61,22 @@ UPDATE {_STEP} SET status = %s, finished_at = %s, "update" = %s, state_after = %
     done_seq = CASE WHEN %s THEN (SELECT COALESCE(MAX(s.done_seq), 0) + 1 FROM {_STEP} s
                                   WHERE s.run_id = {_STEP}.run_id) END
 WHERE step_id = %s AND run_id = ({_FENCE})"""
+_RUN_COLUMNS = "code, status, error, lease_owner, lease_expires_at, created_at, updated_at"
 # Take or renew the lease; a new holder gets the next fencing token.
 _LOCK = f"""
 UPDATE {_RUN} SET lease_owner = %s, lease_expires_at = %s,
     fencing_token = CASE WHEN lease_owner = %s THEN fencing_token ELSE fencing_token + 1 END
 WHERE code = %s AND (lease_owner = '' OR lease_owner = %s OR lease_expires_at < %s)
-RETURNING fencing_token"""
+RETURNING fencing_token, {_RUN_COLUMNS}"""
+_GET = f"SELECT {_RUN_COLUMNS} FROM {_RUN} WHERE code = %s"
+# ``release``: a succeeded run is done, so the write that says so also gives up its lease.
+_SET_STATUS = f"""
+UPDATE {_RUN} SET status = %s, updated_at = %s, error = CASE WHEN %s THEN %s ELSE error END,
+    lease_owner = CASE WHEN %s THEN '' ELSE lease_owner END,
+    lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at END
+WHERE code = %s AND (%s IS NULL OR fencing_token = %s)"""
+_RELEASE = f"""
+UPDATE {_RUN} SET lease_owner = '', lease_expires_at = NULL WHERE code = %s AND lease_owner = %s"""
 
 
 class LeaseLost(RunLocked):
@@ -69,6 +85,15 @@ class LeaseLost(RunLocked):
 
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _aware(value: Any) -> Any:
+    """A datetime as the database returned it, made aware (SQLite returns text, naive UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if isinstance(value, datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
 
 
 def _ts(dt: datetime | None) -> float | None:
@@ -84,9 +109,47 @@ def _error_json(error: ErrorInfo | None) -> dict[str, str] | None:
     return error.to_dict() if error else None
 
 
+def is_fenced_out(exc: BaseException) -> bool:
+    """Whether a database error is ``sagas_fence()`` refusing a worker that lost its lease."""
+    cause = exc if getattr(exc, "sqlstate", None) else exc.__cause__
+    return getattr(cause, "sqlstate", None) == FENCE_SQLSTATE
+
+
 class DjangoJournal:
-    def __init__(self) -> None:
+    def __init__(self, *, defer_steps: bool = False) -> None:
         self._fences: dict[str, int] = {}  # run id -> fencing token held by this journal
+        self.defers_steps = defer_steps
+        self._buffer = StepBuffer()
+        # step id -> status as last read, per run: the "previous status" of a deferred start
+        self._seen: dict[str, dict[str, StepStatus]] = {}
+        # The run as the statement that took its lease found it, for the read that follows
+        # (the runner checks the status right after): dropped at the first read or write.
+        self._locked: dict[str, RunRecord] = {}
+        self._released: set[str] = set()  # leases given up by the write that ended the run
+
+    # -- deferred step rows -----------------------------------------------------------------
+    def pending_statement(self, run_id: str) -> tuple[str, tuple[Any, ...]] | None:
+        """What the checkpoint saver sends with its next write for this run, if this journal
+        holds the run's lease: the fence, and the status and step rows not written yet."""
+        token = self._fences.get(run_id)
+        if token is None:
+            return None
+        return JOURNAL, (uuid.UUID(run_id), token, *self._buffer.drain(run_id))
+
+    def _flush(self, run_id: str) -> None:
+        """Write the run's pending status and step rows now, on this thread's connection."""
+        if not self.defers_steps:
+            return
+        statement = self.pending_statement(run_id)
+        if statement is None or statement[1][2:] == (None, None):  # nothing but the fence
+            return
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(*statement)
+        except DatabaseError as exc:
+            if is_fenced_out(exc):
+                raise LeaseLost(run_id) from exc
+            raise
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager
@@ -117,27 +180,52 @@ class DjangoJournal:
     def run_begin(self, run_id: str) -> RunRecord:
         run, _ = Run.objects.get_or_create(code=run_id, defaults={"agent": "adhoc",
                                                                   "status": RunStatus.RUNNING})
-        return self._run_record(run)
+        return self._run_record(tuple(getattr(run, c) for c in _RUN_COLUMNS.split(", ")))
 
     def run_get(self, run_id: str) -> RunRecord | None:
-        run = Run.objects.filter(code=run_id).first()
-        return self._run_record(run) if run else None
+        locked = self._locked.pop(run_id, None)
+        if locked is not None:
+            return locked
+        with connection.cursor() as cursor:
+            cursor.execute(_GET, [self._fence(run_id)[0]])
+            row = cursor.fetchone()
+        return self._run_record(row) if row else None
 
     @staticmethod
-    def _run_record(run: Run) -> RunRecord:
-        return RunRecord(str(run.code), RunStatus(run.status), ErrorInfo.from_dict(run.error),
-                         run.lease_owner or None, _ts(run.lease_expires_at) or 0.0,
-                         run.created_at.timestamp(), run.updated_at.timestamp())
+    def _run_record(row: tuple[Any, ...]) -> RunRecord:
+        """A record from the columns of ``_RUN_COLUMNS``, as the database returns them."""
+        code, status, error, owner, expires, created, updated = row
+        if isinstance(error, str):  # SQLite returns JSON as text
+            error = json.loads(error)
+        return RunRecord(str(code if isinstance(code, uuid.UUID) else uuid.UUID(code)),
+                         RunStatus(status), ErrorInfo.from_dict(error), owner or None,
+                         _ts(_aware(expires)) or 0.0, _aware(created).timestamp(),
+                         _aware(updated).timestamp())
 
     def run_set_status(self, run_id: str, status: RunStatus,
                        error: ErrorInfo | None = None) -> None:
-        changes: dict[str, Any] = {"status": status.value, "updated_at": timezone.now()}
-        if error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
-            changes["error"] = _error_json(error)
-        token = self._fences.get(run_id)
-        fence = {} if token is None else {"fencing_token": token}
-        if not Run.objects.filter(code=run_id, **fence).update(**changes):
-            self._refused(run_id, token)
+        self._locked.pop(run_id, None)
+        code, token = self._fence(run_id)
+        if self.defers_steps and token is not None and status == RunStatus.RUNNING \
+                and error is None:
+            self._buffer.set_status(run_id, status)  # written with the first checkpoint
+            return
+        self._buffer.drop_status(run_id)  # this status replaces it
+        self._flush(run_id)
+        field = Run._meta.get_field
+        set_error = error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
+        release = token is not None and status == RunStatus.SUCCEEDED
+        with connection.cursor() as cursor:
+            cursor.execute(_SET_STATUS, [
+                status.value, field("updated_at").get_db_prep_value(timezone.now(), connection),
+                set_error, None if error is None else field("error").get_db_prep_value(
+                    _error_json(error), connection),
+                release, release, code, token, token])
+            if cursor.rowcount == 0:
+                self._refused(run_id, token)
+        if release:
+            self._fences.pop(run_id, None)
+            self._released.add(run_id)
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         code = Run._meta.get_field("code").get_db_prep_value(uuid.UUID(run_id), connection)
@@ -150,7 +238,9 @@ class DjangoJournal:
                 cursor.execute(_LOCK, [owner, expires, owner, code, owner, at])
                 row = cursor.fetchone()
             if row is not None:
+                self._released.discard(run_id)
                 self._fences[run_id] = row[0]
+                self._locked[run_id] = self._run_record(row[1:])
                 return True
             _, created = Run.objects.get_or_create(code=run_id, defaults={"agent": "adhoc"})
             if not created:
@@ -168,9 +258,21 @@ class DjangoJournal:
                     .update(lease_expires_at=timezone.now() + timedelta(seconds=ttl)))
 
     def lock_release(self, run_id: str, owner: str) -> None:
-        self._fences.pop(run_id, None)
-        Run.objects.filter(code=run_id, lease_owner=owner).update(lease_owner="",
-                                                                 lease_expires_at=None)
+        try:
+            self._flush(run_id)
+        except LeaseLost:  # taken over: what this worker did not write is not its to write
+            pass
+        finally:
+            self._buffer.forget(run_id)
+            self._seen.pop(run_id, None)
+            self._locked.pop(run_id, None)
+            code = self._fence(run_id)[0]
+            self._fences.pop(run_id, None)
+        if run_id in self._released:  # the run's last status write let go of it already
+            self._released.discard(run_id)
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(_RELEASE, [code, owner])
 
     # -- steps ------------------------------------------------------------------------------
     # The two writes every step makes are single statements (the fence and the write at once,
@@ -179,6 +281,10 @@ class DjangoJournal:
                    tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
         code, token = self._fence(run_id)
         now = timezone.now()
+        if self.defers_steps and token is not None:
+            self._buffer.start(run_id, step_id, node, tuple(tags), now)
+            return (StepRecord(run_id, step_id, node, tuple(tags), StepStatus.STARTED, 1,
+                               now.timestamp()), self._seen.get(run_id, {}).get(step_id))
         field = Step._meta.get_field
         with connection.cursor() as cursor:
             cursor.execute(_STEP_START, [
@@ -192,6 +298,9 @@ class DjangoJournal:
 
     def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
                     state_after: Any = None, error: ErrorInfo | None = None) -> None:
+        if self._buffer.finish(run_id, step_id, status, timezone.now(), update=update,
+                               state_after=state_after, error=error):
+            return
         code, token = self._fence(run_id)
         field = Step._meta.get_field
         with connection.cursor() as cursor:
@@ -206,13 +315,18 @@ class DjangoJournal:
                 self._refused(run_id, token)
 
     def steps(self, run_id: str) -> list[StepRecord]:
-        return [StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status),
-                           s.attempt, s.started_at.timestamp(), _ts(s.finished_at), s.done_seq,
-                           s.update, s.state_after, ErrorInfo.from_dict(s.error))
-                for s in Step.objects.filter(run__code=run_id).order_by("started_at")]
+        self._flush(run_id)
+        steps = [StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status),
+                            s.attempt, s.started_at.timestamp(), _ts(s.finished_at), s.done_seq,
+                            s.update, s.state_after, ErrorInfo.from_dict(s.error))
+                 for s in Step.objects.filter(run__code=run_id).order_by("started_at")]
+        if run_id in self._fences:
+            self._seen[run_id] = {s.step_id: s.status for s in steps}
+        return steps
 
     # -- compensations ----------------------------------------------------------------------
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
+        self._flush(record.run_id)
         with self._write(record.run_id) as pk:
             step = Step.objects.get(run_id=pk, step_id=record.step_id)
             Compensation.objects.get_or_create(step=step, defaults={

@@ -1,8 +1,9 @@
 """Per-process construction of guards: one checkpoint saver and one compiled graph per agent.
 
 LangGraph checkpoints go to the official saver for the Django database: ``PostgresSaver`` on
-PostgreSQL, ``SqliteSaver`` (a file next to the Django database) on SQLite. Celery's prefork
-children each build their own after the fork.
+PostgreSQL (whose writes also carry the journal's step rows, see ``step_rows``), ``SqliteSaver``
+(a file next to the Django database) on SQLite. Celery's prefork children each build their own
+after the fork.
 """
 
 from __future__ import annotations
@@ -26,37 +27,48 @@ from stateguard_web.sagas.journal import DjangoJournal
 
 
 @cache
-def saver() -> BaseCheckpointSaver[Any]:
-    db = settings.DATABASES["default"]
-    if connection.vendor == "postgresql":
-        from langgraph.checkpoint.postgres import PostgresSaver
-        from psycopg.rows import dict_row
-        from psycopg_pool import ConnectionPool
+def journal() -> DjangoJournal:
+    """The process's journal, shared by every agent's guard and the checkpoint saver."""
+    return DjangoJournal(defer_steps=connection.vendor == "postgresql")
 
-        conninfo = pg.conninfo(db)
-        # A small pool that checks a connection before lending it: a worker outlives restarts
-        # of the database, and one broken connection must not fail every later run.
-        pool: ConnectionPool[Any] = ConnectionPool(
-            conninfo, min_size=1, max_size=4, check=ConnectionPool.check_connection,
-            kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
-            open=True)
-        return PostgresSaver(pool)  # its tables: migration 0002
+
+@cache
+def checkpoint_pool() -> Any:
+    """The process's PostgreSQL connections for LangGraph checkpoints: a small pool that checks
+    a connection before lending it, so a worker outlives restarts of the database and one
+    broken connection does not fail every later run."""
+    from psycopg.rows import dict_row
+    from psycopg_pool import ConnectionPool
+
+    return ConnectionPool(
+        pg.conninfo(settings.DATABASES["default"]), min_size=1, max_size=4,
+        check=ConnectionPool.check_connection,
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+        open=True)
+
+
+@cache
+def saver() -> BaseCheckpointSaver[Any]:
+    if connection.vendor == "postgresql":
+        from stateguard_web.sagas.checkpoints import JournalingPostgresSaver
+
+        return JournalingPostgresSaver(checkpoint_pool(), journal())  # tables: migration 0002
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    path = Path(str(db["NAME"])).with_suffix(".checkpoints.sqlite")
+    path = Path(str(settings.DATABASES["default"]["NAME"])).with_suffix(".checkpoints.sqlite")
     conn_sqlite = sqlite3.connect(path, check_same_thread=False, timeout=30)
     conn_sqlite.execute("PRAGMA journal_mode=WAL")
     return SqliteSaver(conn_sqlite)
 
 
 def close() -> None:
-    """Close this process's checkpoint connection (tests, before their database is dropped)."""
+    """Close this process's checkpoint connections (tests, before their database is dropped)."""
     if saver.cache_info().currsize:
-        conn = getattr(saver(), "conn", None)
-        if conn is not None:
-            conn.close()
-        saver.cache_clear()
-        guard_for.cache_clear()
+        saver().conn.close()  # type: ignore[attr-defined]  # the pool, or the SQLite file
+    if checkpoint_pool.cache_info().currsize:
+        checkpoint_pool().close()
+    for cached in (saver, checkpoint_pool, guard_for, journal):
+        cached.cache_clear()
 
 
 def _agent_environment() -> None:
@@ -73,7 +85,7 @@ def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
     _agent_environment()
     spec = registry.get(agent)
     guard = StateGuardCheckpointer(
-        saver(), journal=DjangoJournal(), on_event=publish,
+        saver(), journal=journal(), on_event=publish,
         lease_ttl=settings.STATEGUARD_LEASE_SECONDS,
         lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS, **spec.guard_kwargs())
     return guard, guard.compile(spec.build()), spec
@@ -81,3 +93,14 @@ def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 
 def config_for(code: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": code}}
+
+
+def has_checkpoint(thread_id: str) -> bool:
+    """Whether LangGraph saved a checkpoint of the thread (so a step of it may have run). On
+    PostgreSQL it reads on Django's connection: inside the caller's transaction."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT EXISTS (SELECT 1 FROM checkpoints WHERE thread_id = %s)",
+                           [thread_id])
+            return bool(cursor.fetchone()[0])
+    return saver().get_tuple(config_for(thread_id)) is not None

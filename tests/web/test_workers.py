@@ -54,8 +54,11 @@ def test_it_recovers_a_run_whose_worker_was_killed(workers: Workers, sandbox: Pa
     doomed = workers.start("doomed")
     run = services.run_submit(agent="provision", input={
         "name": "api-3", "sleep_at": "allocate_port", "sleep_seconds": 60})
-    wait_for(lambda: Step.objects.filter(run=run, node="allocate_port").exists(), 60,
-             "the worker to enter allocate_port", workers.logs)
+    # A step's row is written with its task's checkpoint writes, once it finished: the row of
+    # write_config says the worker went on into allocate_port, where it sleeps a minute.
+    wait_for(lambda: Step.objects.filter(run=run, node="write_config").exists(), 60,
+             "the worker to finish write_config", workers.logs)
+    time.sleep(0.5)
     workers.kill(doomed)
     killed_at = time.time()
     workers.start("rescuer", beat=True)

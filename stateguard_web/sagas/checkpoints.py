@@ -1,0 +1,59 @@
+"""``JournalingPostgresSaver``: LangGraph's ``PostgresSaver`` that sends the journal's pending
+statements for a run (the lease fence and deferred step rows, see ``step_rows``) in the pipeline
+of each of its writes for that run. PostgreSQL runs a pipeline as one transaction: a fenced-out
+worker writes nothing, and a step row commits with the task writes that record the same step.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
+from langgraph.checkpoint.postgres import PostgresSaver
+
+from stateguard_web.sagas.journal import DjangoJournal, LeaseLost, is_fenced_out
+
+
+class JournalingPostgresSaver(PostgresSaver):
+    def __init__(self, conn: Any, journal: DjangoJournal) -> None:
+        super().__init__(conn)
+        self.journal = journal
+        self._writing = threading.local()  # the run whose write is in progress on this thread
+
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        with self._for_run(config):
+            return super().put(config, checkpoint, metadata, new_versions)
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
+                   task_id: str, task_path: str = "") -> None:
+        with self._for_run(config):
+            super().put_writes(config, writes, task_id, task_path)
+
+    @contextmanager
+    def _for_run(self, config: RunnableConfig) -> Iterator[None]:
+        run_id = str(config["configurable"]["thread_id"])
+        self._writing.run_id = run_id
+        try:
+            yield
+        except psycopg.Error as exc:
+            if is_fenced_out(exc):
+                raise LeaseLost(run_id) from exc
+            raise
+        finally:
+            self._writing.run_id = None
+
+    @contextmanager
+    def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
+        with super()._cursor(pipeline=pipeline) as cur:
+            yield cur
+            run_id = getattr(self._writing, "run_id", None)
+            if pipeline and run_id is not None:
+                statement = self.journal.pending_statement(run_id)
+                if statement is not None:
+                    cur.execute(*statement)
