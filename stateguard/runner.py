@@ -50,6 +50,12 @@ def _values(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[s
     return state_values(graph.get_state(config).values)
 
 
+def _finished(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> bool:
+    """Whether the thread has a checkpoint and nothing left to run."""
+    snapshot = graph.get_state(config)
+    return snapshot.created_at is not None and not snapshot.next and not snapshot.tasks
+
+
 def _split_output(out: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
     paused = ("__interrupt__",) if "__interrupt__" in out else ()
     return paused, {k: v for k, v in out.items() if k != "__interrupt__"}
@@ -361,11 +367,15 @@ class GuardRunner:
     def recover(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                 resume: bool = False) -> Any:
         """Take over a run whose process died (its lease expired): unwind it, or resume it
-        (``resume=True`` re-runs the step in doubt: only for idempotent nodes)."""
+        (``resume=True`` re-runs the step in doubt: only for idempotent nodes).
+
+        A run whose graph had finished when its process died (it died before saying so) is
+        settled as it would have been: its final state is checked, and it succeeds or unwinds
+        on a violation. Unwinding it for the crash would undo a saga that completed."""
         run = self._run_record(run_id_of(config))
         if run.status not in _CRASHED:
             raise InvalidRunState(f"run {run.run_id!r} is {run.status}, not crashed")
-        if resume and run.status == RunStatus.RUNNING:
+        if run.status == RunStatus.RUNNING and (resume or _finished(graph, config)):
             return self.retry(graph, config, force=True)
         return self.compensate(graph, config, by="recovery", reason="crash")
 

@@ -95,6 +95,19 @@ def test_it_compensates_a_paused_run_and_closes_its_approval() -> None:
     assert guard.status("p").approvals[0].status == ApprovalStatus.REJECTED
 
 
+def test_it_settles_a_crashed_run_whose_graph_had_finished_instead_of_unwinding_it() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(compensations={n: undo(effects, n) for n in NODES})
+    graph = guard.compile(line_builder(NODES, effects))
+    guard.invoke(graph, {}, config("t"))
+    # The process died after the last step, before its "succeeded" write was durable.
+    guard.core.journal.run_set_status("t", RunStatus.RUNNING)
+
+    guard.recover(graph, config("t"))
+    assert guard.status("t").run.status == RunStatus.SUCCEEDED
+    assert effects == ["a", "b", "c"]  # nothing ran again, nothing was undone
+
+
 def test_it_emits_events_and_survives_a_broken_listener() -> None:
     effects: list[str] = []
     events: list[Event] = []
