@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,13 +37,14 @@ def setup_database() -> None:
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 
-def guarded_round(n: int) -> float:
+def guarded_round(n: int, cpu: dict[str, list[float]]) -> float:
     from django.db.models import Max, Min
 
     from stateguard_web.sagas import tasks
     from stateguard_web.sagas.models import Run, Step
 
     runs = Run.objects.bulk_create([Run(agent="noop5", input={"n": 0}) for _ in range(n)])
+    mark = cpu_seconds()
     for run in runs:
         tasks.run_execute.delay(run.pk)
     pks = [r.pk for r in runs]
@@ -56,23 +56,26 @@ def guarded_round(n: int) -> float:
         if failed.exists():
             raise SystemExit(f"a benchmark run did not succeed: {failed.first()}")
         time.sleep(1)
+    record_cpu(cpu, mark, n)
     first = Step.objects.filter(run__in=pks).aggregate(t=Min("started_at"))["t"]
     last = Run.objects.filter(pk__in=pks).aggregate(t=Max("updated_at"))["t"]
     return n / (last - first).total_seconds()
 
 
-def bare_round(n: int) -> float:
+def bare_round(n: int, cpu: dict[str, list[float]]) -> float:
     import redis
     from django.conf import settings
 
     from bench.bare_tasks import bare_run
 
     batch = uuid.uuid4().hex
+    mark = cpu_seconds()
     for _ in range(n):
         bare_run.delay(batch)
     r = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     while r.llen(f"bench:{batch}") < n:
         time.sleep(1)
+    record_cpu(cpu, mark, n)
     spans = [tuple(map(float, x.split())) for x in r.lrange(f"bench:{batch}", 0, -1)]
     return n / (max(e for _, e in spans) - min(s for s, _ in spans))
 
@@ -92,13 +95,10 @@ def cpu_seconds() -> dict[str, float]:
     return used
 
 
-def timed(round_fn: Callable[[int], float], n: int, cpu: dict[str, list[float]]) -> float:
-    before = cpu_seconds()
-    rate = round_fn(n)
-    after = cpu_seconds()
-    for kind, used in after.items():
-        cpu.setdefault(kind, []).append((used - before[kind]) / n * 1e3)
-    return rate
+def record_cpu(cpu: dict[str, list[float]], mark: dict[str, float], n: int) -> None:
+    """CPU milliseconds per run since ``mark``. Backends that exited meanwhile are missing."""
+    for kind, used in cpu_seconds().items():
+        cpu.setdefault(kind, []).append((used - mark[kind]) / n * 1e3)
 
 
 def main() -> None:
@@ -121,13 +121,13 @@ def main() -> None:
         stdout=open("/tmp/p2-worker.log", "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
     try:
         time.sleep(5)  # let the worker come up
-        guarded_round(50)  # warm up: savers set up, graphs compiled, connections open
-        bare_round(50)
+        guarded_round(50, {})  # warm up: savers set up, graphs compiled, connections open
+        bare_round(50, {})
         results: dict[str, list[float]] = {"guarded": [], "bare": []}
         cpu: dict[str, dict[str, list[float]]] = {"guarded": {}, "bare": {}}
         for _ in range(args.rounds):
-            results["guarded"].append(timed(guarded_round, args.runs, cpu["guarded"]))
-            results["bare"].append(timed(bare_round, args.runs, cpu["bare"]))
+            results["guarded"].append(guarded_round(args.runs, cpu["guarded"]))
+            results["bare"].append(bare_round(args.runs, cpu["bare"]))
     finally:
         worker.terminate()
         worker.wait(timeout=30)

@@ -74,9 +74,14 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'stateguard.sqlite3'}")
 }
-# 0 = close after each request/task: Django's docs say to disable persistent connections under
-# ASGI (Daphne), and Celery's Django fixup closes them after each task anyway.
+# 0 = close after each request: Django's docs say to disable persistent connections under ASGI
+# (Daphne). Celery worker processes keep theirs (stateguard_web.celery, WORKER_CONN_MAX_AGE).
 DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+# Seconds a worker process keeps its database connection between tasks; 0 opens one per task.
+WORKER_CONN_MAX_AGE = env.int("WORKER_CONN_MAX_AGE", default=300)
+# Celery's Django fixup closes a worker's connections after every task unless this is set (it
+# then closes them every N tasks); stateguard_web.celery closes them when old or broken.
+CELERY_DB_REUSE_MAX = 10_000 if WORKER_CONN_MAX_AGE > 0 else None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"].setdefault("OPTIONS", {}).update(
         {

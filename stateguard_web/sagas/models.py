@@ -80,7 +80,10 @@ class StepStatus(models.TextChoices):
 class Step(models.Model):
     Status = StepStatus
 
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the (run, step_id) unique constraint's index serves lookups by run,
+    # and one index fewer is one write fewer for every step (P2, docs/benchmarks.md).
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps",
+                            db_index=False)
     step_id = models.CharField(max_length=200)  # LangGraph task id
     node = models.CharField(max_length=200)
     tags = models.JSONField(default=list, blank=True)

@@ -151,3 +151,32 @@ def test_it_pauses_for_approval_and_resumes_in_a_worker_after_the_operator_appro
                Approval.objects.filter(run__in=[approved, rejected])}
     assert decided == {approved.pk: ("approved", "alice"), rejected.pk: ("rejected", "bob")}
     assert AuditEvent.objects.filter(run=rejected, action="run.rejected").exists()
+
+
+def test_it_keeps_its_database_connections_between_runs_and_replaces_dropped_ones(
+        workers: Workers, sandbox: Path) -> None:
+    """Opening a connection per task cost more than a run's journal writes (P2)."""
+    from django.db import connection
+
+    def backends() -> set[tuple[int, str]]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid, backend_start::text FROM pg_stat_activity WHERE "
+                           "application_name = 'stateguard-worker'")
+            return set(cursor.fetchall())
+
+    def run_one(name: str) -> Run:
+        run = services.run_submit(agent="provision", input={"name": name})
+        wait_for(lambda: finished(run), 60, f"run {name} to finish", workers.logs)
+        return run
+
+    workers.start("w1")
+    run_one("conn-1")
+    before = backends()
+    for i in (2, 3, 4):
+        run_one(f"conn-{i}")
+    assert before and backends() == before  # the same connection, not one per run
+
+    with connection.cursor() as cursor:  # what a database restart does to the worker
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                       "datname = current_database() AND pid <> pg_backend_pid()")
+    assert run_one("conn-5").status == Run.Status.SUCCEEDED
