@@ -36,9 +36,9 @@ def _keep_database_connections(**_: Any) -> None:
         db["CONN_HEALTH_CHECKS"] = True
         if connections[alias].vendor == "postgresql":  # names them in pg_stat_activity
             db.setdefault("OPTIONS", {}).setdefault("application_name", "stateguard-worker")
+    task_prerun.connect(_drop_broken_or_old_connections, weak=False)
 
 
-@task_prerun.connect
 def _drop_broken_or_old_connections(**_: Any) -> None:
     """What Django does at the start of a request: a connection older than its max age goes,
     and (health checks) one the database dropped is replaced before the task uses it."""
