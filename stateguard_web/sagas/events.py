@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from django.db import transaction
 
 from stateguard import Event
@@ -62,8 +63,30 @@ class _Publisher:
 
     async def _send(self, batch: dict[str, list[dict[str, Any]]]) -> None:
         assert self.layer is not None
-        for group, payloads in batch.items():
-            await self.layer.group_send(group, {"type": "run.events", "events": payloads})
+        for group in await self._listened(list(batch)):
+            await self.layer.group_send(group, {"type": "run.events", "events": batch[group]})
+
+    async def _listened(self, groups: list[str]) -> list[str]:
+        """The groups someone listens to. Most runs have no open page: asking Redis once per
+        batch, instead of two round trips per group inside ``group_send``, was most of the
+        publisher's CPU (P2, docs/benchmarks.md). A page that joins meanwhile misses at most
+        this batch, and reads the run's state when it opens anyway."""
+        layer = self.layer
+        if not isinstance(layer, RedisChannelLayer):
+            return groups
+        # channels_redis's own group keys and shards; members expire after group_expiry
+        live_since = int(time.time()) - layer.group_expiry
+        shards: dict[int, list[str]] = {}
+        for group in groups:
+            shards.setdefault(layer.consistent_hash(group), []).append(group)
+        listened = []
+        for index, members in shards.items():
+            pipe = layer.connection(index).pipeline(transaction=False)
+            for group in members:
+                pipe.zcount(layer._group_key(group), live_since, "+inf")
+            counts = await pipe.execute()
+            listened += [g for g, count in zip(members, counts, strict=True) if count]
+        return listened
 
 
 _publisher: _Publisher | None = None
