@@ -92,6 +92,7 @@ class GuardCore:
         finally:
             with self._renewing:
                 self._held.pop(run_id, None)
+                self._lost.discard(run_id)  # nothing to remember once we let go
                 self.journal.lock_release(run_id, owner)
 
     def _heartbeat(self) -> None:
