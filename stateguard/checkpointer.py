@@ -65,6 +65,10 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
             raise ConfigurationError("a StateGuardCheckpointer cannot wrap another one")
         if on_error not in ("compensate", "hold"):
             raise ConfigurationError("on_error must be 'compensate' or 'hold'")
+        defers = getattr(journal, "defers_steps", False)
+        if defers and getattr(saver, "journal", None) is not journal:
+            raise ConfigurationError("a journal that defers step rows (defers_steps) needs the "
+                                     "saver that writes them: saver.journal must be the journal")
         super().__init__(serde=saver.serde)
         self.saver = saver
         self.core = GuardCore(invariants=invariants, compensations=compensations,

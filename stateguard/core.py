@@ -62,7 +62,8 @@ class GuardCore:
         self.on_event = on_event
         self.lease_ttl = float(lease_ttl)
         self.lease_heartbeat = float(lease_heartbeat)
-        self._held: dict[str, tuple[str, float]] = {}  # run id -> (owner, last renewal)
+        # run id -> (owner, last renewal on the monotonic clock, and on the wall clock)
+        self._held: dict[str, tuple[str, float, float]] = {}
         self._lost: set[str] = set()  # runs whose lease the heartbeat found taken over
         # One heartbeat thread per guard renews every lease this process holds; the lock keeps
         # it from renewing a lease that is being released (that would re-take the run).
@@ -81,7 +82,7 @@ class GuardCore:
             held = self.journal.run_get(run_id)
             raise RunLocked(run_id, held.lock_owner if held else None)
         with self._renewing:
-            self._held[run_id] = (owner, time.monotonic())
+            self._held[run_id] = (owner, time.monotonic(), time.time())
             self._lost.discard(run_id)
             if self._beat is None or not self._beat.is_alive():
                 self._beat = threading.Thread(target=self._heartbeat, daemon=True,
@@ -100,27 +101,40 @@ class GuardCore:
         try:
             while True:
                 time.sleep(self.lease_heartbeat)
-                for run_id, (owner, renewed) in list(self._held.items()):
+                for run_id, (owner, renewed, _) in list(self._held.items()):
                     if time.monotonic() - renewed < self.lease_heartbeat / 2:
                         continue  # renewed at a step start just now
-                    with self._renewing:
-                        if self._held.get(run_id, ("",))[0] != owner:
-                            continue  # released meanwhile
-                        try:
-                            kept = self.journal.lock_renew(run_id, owner, self.lease_ttl)
-                        except Exception:  # the journal is down: try again next beat
-                            logger.exception("renewing the lease of run %s failed", run_id)
-                            continue
-                        if kept:
-                            self._held[run_id] = (owner, time.monotonic())
-                        else:
-                            self._lost.add(run_id)
+                    try:
+                        self._renew(run_id, owner)
+                    except Exception:  # the journal is down: try again next beat
+                        logger.exception("renewing the lease of run %s failed", run_id)
         except BaseException:
             logger.exception("the lease heartbeat stopped; the next lease restarts it")
             raise
 
+    def _renew(self, run_id: str, owner: str) -> None:
+        with self._renewing:
+            if self._held.get(run_id, ("",))[0] != owner:
+                return  # released meanwhile
+            if self.journal.lock_renew(run_id, owner, self.lease_ttl):
+                self._held[run_id] = (owner, time.monotonic(), time.time())
+            else:
+                self._lost.add(run_id)
+
     def check_lease(self, run_id: str) -> None:
-        """Raise ``RunLocked`` if the heartbeat found this process's lease taken over."""
+        """Raise ``RunLocked`` if this process's lease was taken over, before a node body or a
+        compensation attempt.
+
+        The heartbeat finds out in the background. If it has not renewed for half a lease (the
+        process stalled: a long pause, a frozen VM, the journal unreachable), the lease may
+        have run out and been taken meanwhile: renew it now, and act only if that works."""
+        held = self._held.get(run_id)
+        if held is not None and run_id not in self._lost and (
+                max(time.monotonic() - held[1], time.time() - held[2]) > self.lease_ttl / 2):
+            try:
+                self._renew(run_id, held[0])
+            except Exception as exc:  # cannot tell whether the lease still holds: do not act
+                raise RunLocked(run_id) from exc
         if run_id in self._lost:
             raise RunLocked(run_id)
 

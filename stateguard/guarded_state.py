@@ -49,6 +49,9 @@ class GuardedState:
                  lease_ttl: float = 60.0) -> None:
         if not isinstance(run_id, str) or not run_id:
             raise ConfigurationError("GuardedState needs a non-empty run_id")
+        if getattr(journal, "defers_steps", False):
+            raise ConfigurationError("this journal writes step rows with LangGraph checkpoints "
+                                     "(defers_steps); plain code has none: use another journal")
         self.core = GuardCore(invariants=invariants, compensations=compensations,
                               compensation_retry=compensation_retry, journal=journal,
                               on_event=on_event, lease_ttl=lease_ttl)

@@ -50,10 +50,18 @@ class JournalingPostgresSaver(PostgresSaver):
 
     @contextmanager
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
-        with super()._cursor(pipeline=pipeline) as cur:
-            yield cur
-            run_id = getattr(self._writing, "run_id", None)
-            if pipeline and run_id is not None:
-                statement = self.journal.pending_statement(run_id)
-                if statement is not None:
+        run_id = getattr(self._writing, "run_id", None) if pipeline else None
+        taken = None
+        try:
+            with super()._cursor(pipeline=pipeline) as cur:
+                yield cur
+                pending = self.journal.take_pending(run_id) if run_id is not None else None
+                if pending is not None:
+                    statement, taken = pending
                     cur.execute(*statement)
+        except BaseException as exc:
+            # The rows did not commit. Unless the run is no longer ours, they wait for the
+            # next write: a body that ran stays journaled, late rather than never.
+            if run_id is not None and taken is not None and not is_fenced_out(exc):
+                self.journal.give_back(run_id, taken)
+            raise

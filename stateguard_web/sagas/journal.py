@@ -37,7 +37,7 @@ from stateguard.records import (
     json_default,
 )
 from stateguard_web.sagas.models import Approval, Compensation, CompensationAttempt, Run, Step
-from stateguard_web.sagas.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer
+from stateguard_web.sagas.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 
 _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
 # ``fence``: the run row, if its fencing token is still ours (or we hold no lease). On
@@ -129,35 +129,47 @@ class DjangoJournal:
         self._fences: dict[str, int] = {}  # run id -> fencing token held by this journal
         self.defers_steps = defer_steps
         self._buffer = StepBuffer()
-        # step id -> status as last read, per run: the "previous status" of a deferred start
-        self._seen: dict[str, dict[str, StepStatus]] = {}
+        # Runs whose lease this journal took while they were pending: their first run, where
+        # every step is new and LangGraph's checkpoints hold the whole history. Only there do
+        # step rows and the move to running wait for the checkpoint writes; a run resumed
+        # (approved, retried, recovered) writes them at once, so that a crash leaves it
+        # "running" for the sweeper, with its re-run step in doubt.
+        self._fresh: set[str] = set()
         # The run as the statement that took its lease found it, for the read that follows
         # (the runner checks the status right after): dropped at the first read or write.
         self._locked: dict[str, RunRecord] = {}
         self._released: set[str] = set()  # leases given up by the write that ended the run
 
     # -- deferred step rows -----------------------------------------------------------------
-    def pending_statement(self, run_id: str) -> tuple[str, tuple[Any, ...]] | None:
+    def take_pending(self, run_id: str) -> tuple[tuple[str, tuple[Any, ...]], Taken | None] | None:
         """What the checkpoint saver sends with its next write for this run, if this journal
-        holds the run's lease: the fence, and the status and step rows not written yet."""
+        holds the run's lease: the fence, and the status and step rows not written yet (hand
+        them back with ``give_back`` if that write fails)."""
         token = self._fences.get(run_id)
         if token is None:
             return None
-        return JOURNAL, (uuid.UUID(run_id), token, *self._buffer.drain(run_id))
+        taken = self._buffer.take(run_id)
+        params = taken.params() if taken else (None, None)
+        return (JOURNAL, (uuid.UUID(run_id), token, *params)), taken
+
+    def give_back(self, run_id: str, taken: Taken) -> None:
+        self._buffer.give_back(run_id, taken)
 
     def _flush(self, run_id: str) -> None:
         """Write the run's pending status and step rows now, on this thread's connection."""
         if not self.defers_steps:
             return
-        statement = self.pending_statement(run_id)
-        if statement is None or statement[1][2:] == (None, None):  # nothing but the fence
+        pending = self.take_pending(run_id)
+        if pending is None or pending[1] is None:  # nothing but the fence
             return
+        statement, taken = pending
         try:
             with connection.cursor() as cursor:
                 cursor.execute(*statement)
         except DatabaseError as exc:
             if is_fenced_out(exc):
                 raise LeaseLost(run_id) from exc
+            self.give_back(run_id, taken)
             raise
 
     # -- helpers ----------------------------------------------------------------------------
@@ -215,8 +227,7 @@ class DjangoJournal:
                        error: ErrorInfo | None = None) -> None:
         self._locked.pop(run_id, None)
         code, token = self._fence(run_id)
-        if self.defers_steps and token is not None and status == RunStatus.RUNNING \
-                and error is None:
+        if status == RunStatus.RUNNING and error is None and run_id in self._fresh:
             self._buffer.set_status(run_id, status)  # written with the first checkpoint
             return
         self._buffer.drop_status(run_id)  # this status replaces it
@@ -250,6 +261,8 @@ class DjangoJournal:
                 self._released.discard(run_id)
                 self._fences[run_id] = row[0]
                 self._locked[run_id] = self._run_record(row[1:])
+                if self.defers_steps and self._locked[run_id].status == RunStatus.PENDING:
+                    self._fresh.add(run_id)
                 return True
             _, created = Run.objects.get_or_create(code=run_id, defaults={"agent": "adhoc"})
             if not created:
@@ -273,7 +286,7 @@ class DjangoJournal:
             pass
         finally:
             self._buffer.forget(run_id)
-            self._seen.pop(run_id, None)
+            self._fresh.discard(run_id)
             self._locked.pop(run_id, None)
             code = self._fence(run_id)[0]
             self._fences.pop(run_id, None)
@@ -290,10 +303,10 @@ class DjangoJournal:
                    tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
         code, token = self._fence(run_id)
         now = timezone.now()
-        if self.defers_steps and token is not None:
+        if token is not None and run_id in self._fresh:
             self._buffer.start(run_id, step_id, node, tuple(tags), now)
             return (StepRecord(run_id, step_id, node, tuple(tags), StepStatus.STARTED, 1,
-                               now.timestamp()), self._seen.get(run_id, {}).get(step_id))
+                               now.timestamp()), None)  # a first run: no earlier attempt
         field = Step._meta.get_field
         with connection.cursor() as cursor:
             cursor.execute(_STEP_START, [
@@ -325,13 +338,10 @@ class DjangoJournal:
 
     def steps(self, run_id: str) -> list[StepRecord]:
         self._flush(run_id)
-        steps = [StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status),
-                            s.attempt, s.started_at.timestamp(), _ts(s.finished_at), s.done_seq,
-                            s.update, s.state_after, ErrorInfo.from_dict(s.error))
-                 for s in Step.objects.filter(run__code=run_id).order_by("started_at")]
-        if run_id in self._fences:
-            self._seen[run_id] = {s.step_id: s.status for s in steps}
-        return steps
+        return [StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status),
+                           s.attempt, s.started_at.timestamp(), _ts(s.finished_at), s.done_seq,
+                           s.update, s.state_after, ErrorInfo.from_dict(s.error))
+                for s in Step.objects.filter(run__code=run_id).order_by("started_at")]
 
     # -- compensations ----------------------------------------------------------------------
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:

@@ -44,6 +44,7 @@ class _Row:
     outcome: dict[str, Any] = field(default_factory=dict)  # update, state_after, error
 
     def as_json(self) -> dict[str, Any]:
+        """The row as ``sagas_journal`` takes it (a JSON object of the array it loops over)."""
         error: ErrorInfo | None = self.outcome.get("error")
         return {"step_id": self.step_id, "node": self.node, "tags": list(self.tags),
                 "status": self.status.value, "started_at": self.started_at.isoformat(),
@@ -55,13 +56,27 @@ class _Row:
                 "new": self.new}
 
 
+@dataclass
+class Taken:
+    """What one write carries for a run; handed back if that write fails."""
+
+    status: RunStatus | None
+    finished: list[_Row]
+    starts: list[_Row]  # rows of running steps whose start this write carries
+    steps: list[dict[str, Any]]  # the rows as written, taken under the buffer's lock
+
+    def params(self) -> tuple[RunStatus | None, Jsonb | None]:
+        return self.status, Jsonb(self.steps, dumps=_dumps) if self.steps else None
+
+
 class StepBuffer:
-    """Step rows not written yet, per run. Node wrappers add to it from LangGraph's worker
-    threads while the saver drains it from its own: one lock guards it."""
+    """Step rows not written yet, per run, in the order they happened. Node wrappers add to it
+    from LangGraph's worker threads while the saver takes from it on its own: one lock."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[str, dict[str, _Row]] = {}
+        self._done: dict[str, list[_Row]] = {}  # finished, not written yet, in finish order
+        self._running: dict[str, dict[str, _Row]] = {}  # started, not finished
         self._status: dict[str, RunStatus] = {}  # a status change that can wait, per run
 
     def set_status(self, run_id: str, status: RunStatus) -> None:
@@ -75,38 +90,47 @@ class StepBuffer:
     def start(self, run_id: str, step_id: str, node: str, tags: tuple[str, ...],
               at: datetime) -> None:
         with self._lock:
-            self._runs.setdefault(run_id, {})[step_id] = _Row(step_id, node, tags, at)
+            self._running.setdefault(run_id, {})[step_id] = _Row(step_id, node, tags, at)
 
     def finish(self, run_id: str, step_id: str, status: StepStatus, at: datetime,
                **outcome: Any) -> bool:
-        """Record the outcome of a step started through this buffer; False if it was not."""
+        """Record the outcome of a step started through this buffer; False if it was not. A
+        step run again at once (LangGraph's RetryPolicy) keeps its failed attempt: each
+        finished attempt is a row of its own, written in order."""
         with self._lock:
-            row = self._runs.get(run_id, {}).get(step_id)
+            row = self._running.get(run_id, {}).pop(step_id, None)
             if row is None:
                 return False
             row.status, row.finished_at, row.outcome = status, at, outcome
+            self._done.setdefault(run_id, []).append(row)
             return True
 
-    def drain(self, run_id: str) -> tuple[RunStatus | None, Jsonb | None]:
-        """The run's pending status and step rows, as ``sagas_journal`` takes them. Rows of
-        steps still running stay here (as written), so that their outcome can follow."""
+    def take(self, run_id: str) -> Taken | None:
+        """What the next write for the run carries: its pending status, the finished rows and
+        the starts of running steps not written yet (their outcome follows later)."""
         with self._lock:
-            status = self._status.pop(run_id, None)
-            rows = self._runs.get(run_id)
-            if not rows:
-                return status, None
-            steps = [row.as_json() for row in rows.values()
-                     if row.new or row.finished_at is not None]
-            for step_id, row in list(rows.items()):
-                if row.finished_at is not None:
-                    del rows[step_id]
-                else:
-                    row.new = False
-            if not rows:
-                del self._runs[run_id]
-            return status, Jsonb(steps, dumps=_dumps) if steps else None
+            status, finished = self._status.pop(run_id, None), self._done.pop(run_id, [])
+            starts = [row for row in self._running.get(run_id, {}).values() if row.new]
+            if status is None and not finished and not starts:
+                return None
+            # every finished row before the starts of steps still running: as it happened
+            taken = Taken(status, finished, starts, [r.as_json() for r in finished + starts])
+            for row in starts:
+                row.new = False
+            return taken
+
+    def give_back(self, run_id: str, taken: Taken) -> None:
+        """The write that carried ``taken`` failed: its rows wait for the next one, before what
+        came since (a body that ran must stay journaled, even if late)."""
+        with self._lock:
+            for row in taken.starts:
+                row.new = True  # whether still running or finished since
+            self._done[run_id] = taken.finished + self._done.get(run_id, [])
+            if taken.status is not None:
+                self._status.setdefault(run_id, taken.status)
 
     def forget(self, run_id: str) -> None:
         with self._lock:
-            self._runs.pop(run_id, None)
+            self._done.pop(run_id, None)
+            self._running.pop(run_id, None)
             self._status.pop(run_id, None)

@@ -169,3 +169,32 @@ def test_it_keeps_the_lease_alive_through_a_slow_node_and_stops_when_it_is_taken
     thread.join()
     assert effects == ["a", "b"]  # c never ran, and nothing was unwound by the loser
     assert guard.status("hb2").compensations == []
+
+
+def test_a_stalled_worker_checks_its_lease_before_the_next_node() -> None:
+    """A whole process that stalls (a long pause, a frozen VM) stalls its heartbeat too: when
+    it wakes, its lease may have run out and been taken. It must not run the next body on the
+    word of a heartbeat that has not renewed for half a lease."""
+    import threading
+    import time
+
+    from stateguard import InMemoryJournal, RunLocked
+
+    effects: list[str] = []
+    journal = InMemoryJournal()
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.3, lease_heartbeat=0.1)
+    guard.core._heartbeat = lambda: None  # type: ignore[method-assign]  # stalled with the rest
+    stall = {"a": lambda s: time.sleep(0.5) or {}}
+    graph = guard.compile(line_builder(NODES, effects, stall))
+    taken: list[bool] = []
+
+    def rival() -> None:
+        time.sleep(0.4)  # the stalled worker's lease ran out at 0.3 s
+        taken.append(journal.lock_acquire("stall", "rival", 60))
+
+    thread = threading.Thread(target=rival)
+    thread.start()
+    with pytest.raises(RunLocked):
+        guard.invoke(graph, {}, config("stall"))
+    thread.join()
+    assert taken == [True] and effects == ["a"]  # b never ran in the worker that lost the run

@@ -5,16 +5,26 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 from langgraph.graph import START, StateGraph
+from langgraph.types import RetryPolicy
 
-from stateguard import RunStatus, SagaAborted, StateGuardCheckpointer, StepStatus
+from stateguard import (
+    ConfigurationError,
+    GuardedState,
+    InvalidRunState,
+    RunStatus,
+    SagaAborted,
+    StateGuardCheckpointer,
+    StepStatus,
+)
 from stateguard_web.sagas import runtime
 from stateguard_web.sagas.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
 from stateguard_web.sagas.models import Run, Step
-from tests.core.support import FAST_RETRY, config, line_builder, undo
+from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODES = ["a", "b", "c", "d"]
@@ -70,7 +80,7 @@ def test_it_marks_a_run_running_with_its_first_checkpoint() -> None:
 def test_it_refuses_every_write_of_a_worker_whose_lease_was_taken_over() -> None:
     slow, slow_saver = deferring()
     fast, fast_saver = deferring()
-    code = str(Run.objects.create(agent="test", status=Run.Status.RUNNING).code)
+    code = str(Run.objects.create(agent="test").code)  # pending: its first run defers rows
     assert slow.lock_acquire(code, "worker-1", 0.05)
     slow.step_start(code, "t1", "a")
     slow.step_finish(code, "t1", StepStatus.SUCCEEDED, update={"n": 1})
@@ -135,3 +145,135 @@ def test_it_keeps_a_plain_postgres_saver_thread_free_of_journal_statements() -> 
     builder.compile(checkpointer=saver).invoke({"x": 0}, config(code), durability="sync")
     assert checkpoint_rows(code) > 0
     assert not Step.objects.filter(run__code=code).exists()
+
+
+def dead_process(journal: DjangoJournal) -> None:
+    """From now on the process is gone: it writes nothing more, not even its lease release."""
+    def release(run_id: str, owner: str) -> None:
+        journal._fences.pop(run_id, None)
+        journal._buffer.forget(run_id)
+
+    journal.lock_release = release  # type: ignore[method-assign]
+
+
+def test_it_writes_a_resumed_run_at_once_so_a_crash_in_the_approved_step_is_swept() -> None:
+    """Only a run's first run defers its rows: an approved step that dies leaves the run
+    running (the sweeper's) with the step in doubt, not paused with nothing to approve."""
+    effects: list[str] = []
+    dying = {"b": False}
+
+    def b_body(state: dict[str, Any]) -> dict[str, Any]:
+        if dying["b"]:
+            raise KeyboardInterrupt  # the worker dies after b's effect
+        return {}
+
+    journal, saver = deferring()
+    code = str(Run.objects.create(agent="test").code)
+    guard = StateGuardCheckpointer(saver, journal=journal, approvals=["b"])
+    graph = guard.compile(line_builder(["a", "b", "c"], effects, {"b": b_body}))
+    assert "__interrupt__" in guard.invoke(graph, {}, config(code))
+    dying["b"] = True
+    dead_process(journal)
+    with pytest.raises(KeyboardInterrupt):
+        guard.approve(graph, config(code), by="alice")
+
+    assert effects == ["a", "b"]
+    assert Run.objects.get(code=code).status == Run.Status.RUNNING
+    assert dict(Step.objects.filter(run__code=code).values_list("node", "status")) == {
+        "a": "succeeded", "b": "started"}
+
+
+def test_it_refuses_to_retry_again_a_step_whose_retry_died() -> None:
+    effects: list[str] = []
+    fail = {"b": "raise"}
+
+    def b_body(state: dict[str, Any]) -> dict[str, Any]:
+        if fail["b"] == "raise":
+            raise ValueError("b failed")
+        if fail["b"] == "die":
+            raise KeyboardInterrupt
+        return {}
+
+    journal, saver = deferring()
+    code = str(Run.objects.create(agent="test").code)
+    guard = StateGuardCheckpointer(saver, journal=journal, on_error="hold")
+    graph = guard.compile(line_builder(["a", "b", "c"], effects, {"b": b_body}))
+    with pytest.raises(ValueError):
+        guard.invoke(graph, {}, config(code))
+    fail["b"] = "die"
+    dead_process(journal)
+    with pytest.raises(KeyboardInterrupt):
+        guard.retry(graph, config(code))
+
+    run = Run.objects.get(code=code)
+    assert run.status == Run.Status.RUNNING  # the sweeper's, not "failed" for ever
+    b = Step.objects.get(run=run, node="b")
+    assert (b.status, b.attempt, b.prev_status) == ("started", 2, "failed")
+    Run.objects.filter(code=code).update(lease_owner="", lease_expires_at=None)
+    rescuer, rescuer_saver = deferring()
+    again = StateGuardCheckpointer(rescuer_saver, journal=rescuer, on_error="hold")
+    with pytest.raises(InvalidRunState, match="in doubt"):
+        again.retry(again.compile(line_builder(["a", "b", "c"], effects, {"b": b_body})),
+                    config(code))
+
+
+def test_it_keeps_the_rows_of_a_checkpoint_write_that_failed_for_the_next_one() -> None:
+    effects: list[str] = []
+    journal, saver = deferring()
+    code = str(Run.objects.create(agent="test").code)
+    guard = StateGuardCheckpointer(saver, journal=journal, compensation_retry=FAST_RETRY,
+                                   compensations={n: undo(effects, n) for n in "abc"})
+    graph = guard.compile(line_builder(["a", "b", "c"], effects))
+    take = journal.take_pending
+    dropped: list[str] = []
+
+    def take_and_drop_the_connection(run_id: str) -> Any:
+        pending = take(run_id)
+        if pending and pending[1] and not dropped and any(
+                row["node"] == "a" and row["finished_at"] for row in pending[1].steps):
+            dropped.append("a")  # what a database restart does to this write
+            return ("SELECT pg_terminate_backend(pg_backend_pid())", ()), pending[1]
+        return pending
+
+    journal.take_pending = take_and_drop_the_connection  # type: ignore[method-assign]
+    with pytest.raises(psycopg.OperationalError):  # the connection dropped mid-write
+        guard.invoke(graph, {}, config(code))
+    journal.take_pending = take  # type: ignore[method-assign]
+
+    assert dropped == ["a"]
+    assert Step.objects.filter(run__code=code, node="a", status="succeeded").exists()
+    guard.compensate(graph, config(code))
+    assert "undo:a" in effects  # a's effect is undone: its row was not lost with the write
+
+
+def test_it_journals_each_attempt_of_a_step_langgraph_retries_at_once() -> None:
+    calls = {"b": 0}
+
+    def b(state: dict[str, Any]) -> dict[str, Any]:
+        calls["b"] += 1
+        if calls["b"] == 1:
+            raise ConnectionError("first try")
+        return {"log": ["b"]}
+
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(LineState)
+    builder.add_node("a", lambda s: {"log": ["a"]})
+    builder.add_node("b", b, retry_policy=RetryPolicy(max_attempts=3, initial_interval=0.01,
+                                                      jitter=False))
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    journal, saver = deferring()
+    code = str(Run.objects.create(agent="test").code)
+    guard = StateGuardCheckpointer(saver, journal=journal)
+    guard.invoke(guard.compile(builder), {}, config(code))
+
+    b_row = Step.objects.get(run__code=code, node="b")
+    assert (b_row.status, b_row.attempt, b_row.prev_status, b_row.done_seq) == (
+        "succeeded", 2, "failed", 2)
+
+
+def test_it_refuses_a_deferring_journal_without_the_saver_that_writes_its_rows() -> None:
+    journal = DjangoJournal(defer_steps=True)
+    with pytest.raises(ConfigurationError, match="saver"):
+        StateGuardCheckpointer(journal=journal)
+    with pytest.raises(ConfigurationError, match="plain code"):
+        GuardedState(run_id="r", journal=journal)
