@@ -2,6 +2,11 @@
 statements for a run (the lease fence and deferred step rows, see ``step_rows``) in the pipeline
 of each of its writes for that run. PostgreSQL runs a pipeline as one transaction: a fenced-out
 worker writes nothing, and a step row commits with the task writes that record the same step.
+
+Every write of a leased run carries the fence, the checkpoint ``put`` too, though it may carry
+no row: under sync durability LangGraph waits for each checkpoint before the next superstep, so
+a refused checkpoint is what stops a worker that lost its lease before its next node, while a
+refused ``put_writes`` only surfaces when the graph ends.
 """
 
 from __future__ import annotations

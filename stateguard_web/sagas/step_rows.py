@@ -4,8 +4,10 @@ Writing "step started" and "step finished" as statements of their own cost two c
 more than the whole LangGraph run they journal (docs/benchmarks.md, P2). Instead the journal keeps
 them here, and ``JournalingPostgresSaver`` sends them, fenced, in the same pipeline, hence the
 same transaction, as the checkpoint writes that follow: the task's writes when it finishes, the
-next checkpoint before the next superstep. A step's row and its writes commit or vanish together.
-A run's move from pending to running travels the same way, with the first checkpoint.
+next checkpoint before the next superstep. A step's row commits with the write that carries it;
+if that write fails, the row waits for the next one (a body that ran is journaled late rather
+than never). A run's move from pending to running travels the same way, with the first
+checkpoint. Only a run's first run defers (``DjangoJournal``): a resumed run writes at once.
 
 What a crash loses is the row of a step whose body was running. LangGraph's last checkpoint still
 lists that step as a pending task with no writes, and the runner journals such tasks as in doubt
