@@ -5,8 +5,8 @@ later write for that run first bumps the run row *only if the token is unchanged
 transaction as the write. A worker whose lease expired and was taken over (the token grew)
 gets ``LeaseLost`` instead of writing; the row lock also serializes a run's writes.
 
-With ``defer_steps=True`` (PostgreSQL, with ``JournalingPostgresSaver``) the step rows of a run
-this journal holds the lease of are written with LangGraph's checkpoint writes instead of on
+With ``defer_steps=True`` (PostgreSQL, with ``JournalingPostgresSaver``) the step rows of a run's
+first run (leased while pending) are written with LangGraph's checkpoint writes instead of on
 their own (see ``step_rows``); any other use of the run writes them first, so that readers in
 this process never see the journal behind.
 """
@@ -119,7 +119,7 @@ def _error_json(error: ErrorInfo | None) -> dict[str, str] | None:
 
 
 def is_fenced_out(exc: BaseException) -> bool:
-    """Whether a database error is ``sagas_fence()`` refusing a worker that lost its lease."""
+    """Whether a database error is ``sagas_journal()`` refusing a worker that lost its lease."""
     cause = exc if getattr(exc, "sqlstate", None) else exc.__cause__
     return getattr(cause, "sqlstate", None) == FENCE_SQLSTATE
 
