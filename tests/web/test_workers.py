@@ -180,3 +180,21 @@ def test_it_keeps_its_database_connections_between_runs_and_replaces_dropped_one
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                        "datname = current_database() AND pid <> pg_backend_pid()")
     assert run_one("conn-5").status == Run.Status.SUCCEEDED
+
+
+def test_two_workers_journal_every_step_of_many_runs_once_and_in_order(
+        workers: Workers, sandbox: Path) -> None:
+    """Step rows ride the checkpoint writes of two processes at once: none lost, none doubled."""
+    runs = [services.run_submit(agent="noop5", input={"n": 0}) for _ in range(20)]
+    workers.start("w1")
+    workers.start("w2")
+    for run in runs:
+        wait_for(lambda run=run: finished(run), 60, "the runs to finish", workers.logs)
+
+    for run in runs:
+        assert (run.status, run.lease_owner) == (Run.Status.SUCCEEDED, "")
+        rows = list(run.steps.order_by("done_seq").values_list("node", "status", "attempt",
+                                                                "done_seq"))
+        assert rows == [(f"step{i}", "succeeded", 1, i) for i in range(1, 6)]
+        assert [s["n"] for s in run.steps.order_by("done_seq").values_list(
+            "state_after", flat=True)] == [1, 2, 3, 4, 5]
