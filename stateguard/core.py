@@ -103,7 +103,7 @@ class GuardCore:
                 time.sleep(self.lease_heartbeat)
                 for run_id, (owner, renewed, _) in list(self._held.items()):
                     if time.monotonic() - renewed < self.lease_heartbeat / 2:
-                        continue  # renewed at a step start just now
+                        continue  # renewed just now (check_lease renews a stale lease)
                     try:
                         self._renew(run_id, owner)
                     except Exception:  # the journal is down: try again next beat

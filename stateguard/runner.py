@@ -25,7 +25,14 @@ from stateguard.exceptions import (
     SagaAborted,
 )
 from stateguard.instrument import INSTRUMENTED_KEY, NODE_ATTR, RUNNER_KEY, instrument, node_tags
-from stateguard.records import ApprovalRecord, ApprovalStatus, RunStatus, RunView, StepStatus
+from stateguard.records import (
+    ApprovalRecord,
+    ApprovalStatus,
+    RunStatus,
+    RunView,
+    StepRecord,
+    StepStatus,
+)
 from stateguard.report import UnwindReport
 from stateguard.state import state_values
 from stateguard.unwind import Cause
@@ -318,9 +325,10 @@ class GuardRunner:
             if run.status not in _RESUMABLE:
                 raise InvalidRunState(f"run {run_id!r} is {run.status}; only a failed or "
                                       "crashed run can be retried")
-            self._reconcile(graph, config, run_id)
-            doubtful = [s.node for s in self.core.journal.steps(run_id)
-                        if s.status == StepStatus.STARTED]
+            steps = self._reconcile(graph, config, run_id)
+            if steps is None:
+                steps = self.core.journal.steps(run_id)
+            doubtful = [s.node for s in steps if s.status == StepStatus.STARTED]
             if doubtful and not force:
                 raise InvalidRunState(f"run {run_id!r} has steps in doubt {doubtful}: resuming "
                                       "would run them again; compensate, or retry(force=True)")
@@ -342,8 +350,9 @@ class GuardRunner:
                                     fallback_state=lambda: _values(graph, config))
 
     def _reconcile(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
-                   run_id: str) -> None:
-        """Journal as started (in doubt) the steps whose rows a dead process took with it.
+                   run_id: str) -> list[StepRecord] | None:
+        """Journal as started (in doubt) the steps whose rows a dead process took with it, and
+        return the run's steps then (None: the journal has nothing to reconcile; read them).
 
         Only for journals that write step rows with the checkpoint (``defers_steps``): there a
         step's row commits with its task's writes, so a step the last checkpoint still lists as
@@ -351,8 +360,9 @@ class GuardRunner:
         waiting for an approval that was not given."""
         journal = self.core.journal
         if not getattr(journal, "defers_steps", False):
-            return
-        known = {s.step_id for s in journal.steps(run_id)}
+            return None
+        steps = journal.steps(run_id)
+        known = {s.step_id for s in steps}
         approved = {a.step_id for a in journal.approvals(run_id)
                     if a.status == ApprovalStatus.APPROVED}
         nodes = getattr(getattr(graph, "builder", None), "nodes", {})
@@ -361,8 +371,10 @@ class GuardRunner:
                     or (task.interrupts and task.id not in approved)):
                 continue
             spec = nodes.get(task.name)
-            journal.step_start(run_id, task.id, task.name,
-                               node_tags(spec.metadata) if spec is not None else ())
+            started, _ = journal.step_start(run_id, task.id, task.name,
+                                            node_tags(spec.metadata) if spec is not None else ())
+            steps.append(started)
+        return steps
 
     def recover(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                 resume: bool = False) -> Any:

@@ -63,10 +63,10 @@ def saver() -> BaseCheckpointSaver[Any]:
 
 def close() -> None:
     """Close this process's checkpoint connections (tests, before their database is dropped)."""
-    if saver.cache_info().currsize:
-        saver().conn.close()  # type: ignore[attr-defined]  # the pool, or the SQLite file
-    if checkpoint_pool.cache_info().currsize:
+    if checkpoint_pool.cache_info().currsize:  # PostgreSQL: the saver's connections
         checkpoint_pool().close()
+    elif saver.cache_info().currsize:  # SQLite: the saver's file
+        saver().conn.close()  # type: ignore[attr-defined]
     for cached in (saver, checkpoint_pool, guard_for, journal):
         cached.cache_clear()
 

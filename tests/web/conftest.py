@@ -57,6 +57,13 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+def new_run() -> str:
+    """A pending run of no agent in particular, for journal tests; its code (the thread id)."""
+    from stateguard_web.sagas.models import Run
+
+    return str(Run.objects.create(agent="test").code)
+
+
 def effects(sandbox: Path) -> list[str]:
     log = sandbox / "effects.log"
     return log.read_text().split() if log.exists() else []

@@ -19,13 +19,10 @@ from stateguard import (
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.core.support import FAST_RETRY, config, line_builder, undo
+from tests.web.conftest import new_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODES = ["a", "b", "c", "d"]
-
-
-def new_run() -> str:
-    return str(Run.objects.create(agent="test").code)
 
 
 def test_it_implements_the_journal_protocol() -> None:

@@ -25,6 +25,7 @@ from stateguard_web.sagas.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
 from stateguard_web.sagas.models import Run, Step
 from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
+from tests.web.conftest import new_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODES = ["a", "b", "c", "d"]
@@ -46,7 +47,7 @@ def checkpoint_rows(code: str) -> int:
 def test_it_writes_each_step_row_with_the_checkpoint_and_unwinds_from_them() -> None:
     effects: list[str] = []
     journal, saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     guard = StateGuardCheckpointer(saver, journal=journal, compensation_retry=FAST_RETRY,
                                    compensations={n: undo(effects, n) for n in NODES})
     with pytest.raises(SagaAborted):
@@ -66,7 +67,7 @@ def test_it_writes_each_step_row_with_the_checkpoint_and_unwinds_from_them() -> 
 
 def test_it_marks_a_run_running_with_its_first_checkpoint() -> None:
     journal, saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     assert journal.lock_acquire(code, "w1", 10)
     journal.run_set_status(code, RunStatus.RUNNING)
     assert Run.objects.get(code=code).status == Run.Status.PENDING  # not written yet
@@ -80,7 +81,7 @@ def test_it_marks_a_run_running_with_its_first_checkpoint() -> None:
 def test_it_refuses_every_write_of_a_worker_whose_lease_was_taken_over() -> None:
     slow, slow_saver = deferring()
     fast, fast_saver = deferring()
-    code = str(Run.objects.create(agent="test").code)  # pending: its first run defers rows
+    code = new_run()  # pending: its first run defers rows
     assert slow.lock_acquire(code, "worker-1", 0.05)
     slow.step_start(code, "t1", "a")
     slow.step_finish(code, "t1", StepStatus.SUCCEEDED, update={"n": 1})
@@ -108,7 +109,7 @@ def test_it_journals_a_step_its_dead_worker_never_finished_as_in_doubt() -> None
         raise KeyboardInterrupt  # stands for SIGKILL: no handler of the guard runs after it
 
     dead_journal, dead_saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     dead = StateGuardCheckpointer(dead_saver, journal=dead_journal, lease_ttl=0.3,
                                   lease_heartbeat=0.1)
     dead_graph = dead.compile(line_builder(["a", "b"], effects, {"b": die_in_b}))
@@ -141,7 +142,7 @@ def test_it_keeps_a_plain_postgres_saver_thread_free_of_journal_statements() -> 
     builder: StateGraph[Any, Any, Any, Any] = StateGraph(dict)
     builder.add_node("a", lambda s: {"x": 1})
     builder.add_edge(START, "a")
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     builder.compile(checkpointer=saver).invoke({"x": 0}, config(code), durability="sync")
     assert checkpoint_rows(code) > 0
     assert not Step.objects.filter(run__code=code).exists()
@@ -168,7 +169,7 @@ def test_it_writes_a_resumed_run_at_once_so_a_crash_in_the_approved_step_is_swep
         return {}
 
     journal, saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     guard = StateGuardCheckpointer(saver, journal=journal, approvals=["b"])
     graph = guard.compile(line_builder(["a", "b", "c"], effects, {"b": b_body}))
     assert "__interrupt__" in guard.invoke(graph, {}, config(code))
@@ -195,7 +196,7 @@ def test_it_refuses_to_retry_again_a_step_whose_retry_died() -> None:
         return {}
 
     journal, saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     guard = StateGuardCheckpointer(saver, journal=journal, on_error="hold")
     graph = guard.compile(line_builder(["a", "b", "c"], effects, {"b": b_body}))
     with pytest.raises(ValueError):
@@ -220,7 +221,7 @@ def test_it_refuses_to_retry_again_a_step_whose_retry_died() -> None:
 def test_it_keeps_the_rows_of_a_checkpoint_write_that_failed_for_the_next_one() -> None:
     effects: list[str] = []
     journal, saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     guard = StateGuardCheckpointer(saver, journal=journal, compensation_retry=FAST_RETRY,
                                    compensations={n: undo(effects, n) for n in "abc"})
     graph = guard.compile(line_builder(["a", "b", "c"], effects))
@@ -262,7 +263,7 @@ def test_it_journals_each_attempt_of_a_step_langgraph_retries_at_once() -> None:
     builder.add_edge(START, "a")
     builder.add_edge("a", "b")
     journal, saver = deferring()
-    code = str(Run.objects.create(agent="test").code)
+    code = new_run()
     guard = StateGuardCheckpointer(saver, journal=journal)
     guard.invoke(guard.compile(builder), {}, config(code))
 
