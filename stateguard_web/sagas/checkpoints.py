@@ -1,12 +1,14 @@
-"""``JournalingPostgresSaver``: LangGraph's ``PostgresSaver`` that sends the journal's pending
-statements for a run (the lease fence and deferred step rows, see ``step_rows``) in the pipeline
-of each of its writes for that run. PostgreSQL runs a pipeline as one transaction: a fenced-out
-worker writes nothing, and a step row commits with the task writes that record the same step.
+"""``JournalingPostgresSaver``: LangGraph's ``PostgresSaver`` that fences every write of a run
+this process holds the lease on, and sends the journal's deferred step rows (see ``step_rows``) in
+the pipeline of those writes. PostgreSQL runs a pipeline as one transaction: a fenced-out worker
+writes nothing, and a step row commits with the task writes that record the same step.
 
-Every write of a leased run carries the fence, the checkpoint ``put`` too, though it may carry
-no row: under sync durability LangGraph waits for each checkpoint before the next superstep, so
-a refused checkpoint is what stops a worker that lost its lease before its next node, while a
-refused ``put_writes`` only surfaces when the graph ends.
+Every write of a leased run is fenced, the checkpoint ``put`` too, though it may carry no row:
+under sync durability LangGraph waits for each checkpoint before the next superstep, so a refused
+checkpoint is what stops a worker that lost its lease before its next node, while a refused
+``put_writes`` only surfaces when the graph ends. A checkpoint names the token in its metadata and
+a trigger checks it (migration 0006): no statement of its own. Task writes have no such field,
+so ``put_writes`` sends ``sagas_journal`` (the fence, and the rows it carries, if any).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMet
 from langgraph.checkpoint.postgres import PostgresSaver
 
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost, is_fenced_out
+from stateguard_web.sagas.step_rows import FENCE_KEY
 
 
 class JournalingPostgresSaver(PostgresSaver):
@@ -32,18 +35,22 @@ class JournalingPostgresSaver(PostgresSaver):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        with self._for_run(config):
+        token = self.journal.fencing_token(str(config["configurable"]["thread_id"]))
+        if token is not None:
+            metadata = {**metadata, FENCE_KEY: token}  # type: ignore[typeddict-unknown-key]
+        with self._for_run(config, fenced=token is not None):
             return super().put(config, checkpoint, metadata, new_versions)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
-        with self._for_run(config):
+        with self._for_run(config, fenced=False):
             super().put_writes(config, writes, task_id, task_path)
 
     @contextmanager
-    def _for_run(self, config: RunnableConfig) -> Iterator[None]:
+    def _for_run(self, config: RunnableConfig, *, fenced: bool) -> Iterator[None]:
+        """Mark this thread's write as one for the run; ``fenced``: its rows fence themselves."""
         run_id = str(config["configurable"]["thread_id"])
-        self._writing.run_id = run_id
+        self._writing.run_id, self._writing.fenced = run_id, fenced
         try:
             yield
         except psycopg.Error as exc:
@@ -61,7 +68,7 @@ class JournalingPostgresSaver(PostgresSaver):
             with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
                 pending = self.journal.take_pending(run_id) if run_id is not None else None
-                if pending is not None:
+                if pending is not None and (pending[1] is not None or not self._writing.fenced):
                     statement, taken = pending
                     cur.execute(*statement)
         except BaseException as exc:

@@ -141,6 +141,10 @@ class DjangoJournal:
         self._released: set[str] = set()  # leases given up by the write that ended the run
 
     # -- deferred step rows -----------------------------------------------------------------
+    def fencing_token(self, run_id: str) -> int | None:
+        """The run's fencing token, if this journal holds its lease."""
+        return self._fences.get(run_id)
+
     def take_pending(self, run_id: str) -> tuple[tuple[str, tuple[Any, ...]], Taken | None] | None:
         """What the checkpoint saver sends with its next write for this run, if this journal
         holds the run's lease: the fence, and the status and step rows not written yet (hand

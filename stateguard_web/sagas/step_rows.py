@@ -32,6 +32,9 @@ _dumps = partial(json.dumps, default=json_default)
 FENCE_SQLSTATE = "SG001"  # raised by sagas_journal() (migration 0003): the lease was taken over
 # One statement per checkpoint write: the fence, a deferred status and the step rows.
 JOURNAL = "SELECT sagas_journal(%s, %s::bigint, %s, %s)"
+# The checkpoint metadata key naming its writer's fencing token: a trigger fences the row on it
+# (migration 0006), so a checkpoint needs no journal statement unless it carries rows.
+FENCE_KEY = "stateguard_fencing_token"
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import START, StateGraph
 from langgraph.types import RetryPolicy
 
@@ -96,8 +97,15 @@ def test_it_refuses_every_write_of_a_worker_whose_lease_was_taken_over() -> None
     assert checkpoint_rows(code) == 0  # neither LangGraph's writes nor the step row
     assert not Step.objects.filter(run__code=code).exists()
 
+    # a checkpoint too, fenced by the token it names (a trigger, migration 0006)
+    checkpoint, at = empty_checkpoint(), {"configurable": {"thread_id": code, "checkpoint_ns": ""}}
+    with pytest.raises(LeaseLost):
+        slow_saver.put(at, checkpoint, {"source": "loop", "step": 1}, {})
+    assert checkpoint_rows(code) == 0
+
     fast_saver.put_writes(task_config, [("n", 2)], "t2")
-    assert checkpoint_rows(code) == 1
+    fast_saver.put(at, checkpoint, {"source": "loop", "step": 1}, {})
+    assert checkpoint_rows(code) == 2
 
 
 def test_it_journals_a_step_its_dead_worker_never_finished_as_in_doubt() -> None:
