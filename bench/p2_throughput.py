@@ -4,7 +4,7 @@ bare Celery task (no guard, journal or lease). Rounds alternate so noise hits bo
 
     .venv/bin/python bench/p2_throughput.py [--runs 1000] [--rounds 2]
 
-Uses the database ``stateguard_bench`` (created and migrated) and Redis database 13.
+Uses the database ``stateguard_bench`` (created, migrated and emptied) and Redis database 13.
 """
 
 from __future__ import annotations
@@ -35,6 +35,15 @@ def setup_database() -> None:
                              ).fetchone():
             admin.execute("CREATE DATABASE stateguard_bench")
     subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+    # Every run of the script starts from empty tables: earlier runs' rows (tens of thousands of
+    # runs and checkpoints) would make each write a little dearer, run after run. No ANALYZE:
+    # with autovacuum off (as on this machine), statistics taken of empty tables would keep the
+    # plans on sequential scans while the tables grow (measured: PostgreSQL CPU per run x4).
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/stateguard_bench",
+                         autocommit=True) as bench:
+        bench.execute("TRUNCATE sagas_run, sagas_step, sagas_compensation,"
+                      " sagas_compensationattempt, sagas_approval, sagas_auditevent, checkpoints,"
+                      " checkpoint_blobs, checkpoint_writes")
 
 
 def guarded_round(n: int, cpu: dict[str, list[float]]) -> float:
