@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from django.core.exceptions import ImproperlyConfigured
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -31,6 +32,12 @@ class JournalingPostgresSaver(PostgresSaver):
     def __init__(self, conn: Any, journal: DjangoJournal) -> None:
         super().__init__(conn)
         self.journal = journal
+        # Without the trigger, checkpoints would be written unfenced, and nothing would say so.
+        with self._cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_trigger WHERE tgname = 'sagas_checkpoint_fence'")
+            if cur.fetchone() is None:
+                raise ImproperlyConfigured("the database lacks the checkpoint fence (migration "
+                                           "sagas 0006): run `manage.py migrate` first")
         self._writing = threading.local()  # the run whose write is in progress on this thread
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,

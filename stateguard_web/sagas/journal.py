@@ -119,7 +119,8 @@ def _error_json(error: ErrorInfo | None) -> dict[str, str] | None:
 
 
 def is_fenced_out(exc: BaseException) -> bool:
-    """Whether a database error is ``sagas_journal()`` refusing a worker that lost its lease."""
+    """Whether a database error is the fence (``sagas_fence()``, in ``sagas_journal()`` or the
+    checkpoint trigger) refusing a worker that lost its lease."""
     cause = exc if getattr(exc, "sqlstate", None) else exc.__cause__
     return getattr(cause, "sqlstate", None) == FENCE_SQLSTATE
 

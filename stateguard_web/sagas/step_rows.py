@@ -29,7 +29,7 @@ from stateguard import ErrorInfo, RunStatus, StepStatus
 from stateguard.records import json_default
 
 _dumps = partial(json.dumps, default=json_default)
-FENCE_SQLSTATE = "SG001"  # raised by sagas_journal() (migration 0003): the lease was taken over
+FENCE_SQLSTATE = "SG001"  # raised by sagas_fence() (migration 0006): the lease was taken over
 # One statement per checkpoint write: the fence, a deferred status and the step rows.
 JOURNAL = "SELECT sagas_journal(%s, %s::bigint, %s, %s)"
 # The checkpoint metadata key naming its writer's fencing token: a trigger fences the row on it

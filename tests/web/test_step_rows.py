@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any
 
 import psycopg
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.graph import START, StateGraph
@@ -154,6 +156,37 @@ def test_it_keeps_a_plain_postgres_saver_thread_free_of_journal_statements() -> 
     builder.compile(checkpointer=saver).invoke({"x": 0}, config(code), durability="sync")
     assert checkpoint_rows(code) > 0
     assert not Step.objects.filter(run__code=code).exists()
+
+
+def test_it_fences_new_checkpoints_only_not_updates_of_old_ones() -> None:
+    """An old checkpoint keeps the token it was written with: an update of it later (LangGraph's
+    prune clears parent ids) is not a write of the worker that wrote it."""
+    journal, saver = deferring()
+    code = new_run()
+    assert journal.lock_acquire(code, "w1", 10)
+    saver.put({"configurable": {"thread_id": code, "checkpoint_ns": ""}}, empty_checkpoint(),
+              {"source": "loop", "step": 1}, {})
+    journal.lock_release(code, "w1")
+    Run.objects.filter(code=code).update(fencing_token=99)  # leased and released since
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE checkpoints SET parent_checkpoint_id = NULL WHERE thread_id = %s",
+                       [code])
+        assert cursor.rowcount == 1
+
+
+def test_it_refuses_to_write_checkpoints_on_a_database_without_the_fence() -> None:
+    create_trigger = importlib.import_module(
+        "stateguard_web.sagas.migrations.0006_checkpoint_fence_trigger").TRIGGER
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER sagas_checkpoint_fence ON checkpoints")
+    try:
+        with pytest.raises(ImproperlyConfigured, match="migrate"):
+            deferring()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(create_trigger)
+    deferring()  # the fence is back
 
 
 def dead_process(journal: DjangoJournal) -> None:

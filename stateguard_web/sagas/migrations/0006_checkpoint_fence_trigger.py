@@ -2,7 +2,9 @@
 
 A checkpoint of a leased run names the fencing token its writer holds in its metadata
 (``JournalingPostgresSaver``); a trigger on ``checkpoints`` refuses the row (SQLSTATE SG001)
-unless the run still has that token. Before, each checkpoint carried a ``sagas_journal`` statement
+unless the run still has that token. BEFORE INSERT only: PostgreSQL fires it for an upsert's row
+before the conflict check too, while an UPDATE of an old row (LangGraph's ``prune`` clears parent
+ids) must not be fenced against the token that row was written with. Before, each checkpoint carried a ``sagas_journal`` statement
 of its own for the fence alone: seven statements of a five-step run, ~3 ms of CPU per run between
 the worker and PostgreSQL (P2, docs/benchmarks.md). ``sagas_journal`` (migration 0003) keeps its
 job for the writes that carry step rows, and now shares the fence with the trigger.
@@ -25,7 +27,7 @@ BEGIN
                         (NEW.metadata->>'stateguard_fencing_token')::bigint);
     RETURN NEW;
 END $$;
-CREATE TRIGGER sagas_checkpoint_fence BEFORE INSERT OR UPDATE ON checkpoints
+CREATE TRIGGER sagas_checkpoint_fence BEFORE INSERT ON checkpoints
 FOR EACH ROW WHEN (NEW.metadata ? 'stateguard_fencing_token')
 EXECUTE FUNCTION sagas_checkpoint_fence()"""
 
