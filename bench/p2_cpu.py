@@ -20,25 +20,16 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.p2_throughput import setup_database  # sets the benchmark environment too
-
-
-def postgres_cpu() -> float:
-    used = 0.0
-    for proc in psutil.process_iter(["name", "cpu_times"]):
-        if (proc.info["name"] or "").startswith("postgres") and proc.info["cpu_times"]:
-            used += proc.info["cpu_times"].user + proc.info["cpu_times"].system
-    return used
+from bench.p2_throughput import cpu_seconds, setup_database  # sets the environment too
 
 
 def cpu_per_run(side: Callable[[int], None], n: int) -> tuple[float, float]:
     """Milliseconds of CPU per run: this process (all its threads), PostgreSQL."""
-    process, postgres = time.process_time(), postgres_cpu()
+    process, postgres = time.process_time(), cpu_seconds()["postgres"]
     side(n)
-    return ((time.process_time() - process) / n * 1e3, (postgres_cpu() - postgres) / n * 1e3)
+    return ((time.process_time() - process) / n * 1e3,
+            (cpu_seconds()["postgres"] - postgres) / n * 1e3)
 
 
 def guarded(n: int) -> None:
