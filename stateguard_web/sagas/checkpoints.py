@@ -55,7 +55,8 @@ class JournalingPostgresSaver(PostgresSaver):
 
     @contextmanager
     def _for_run(self, config: RunnableConfig, *, fenced: bool) -> Iterator[None]:
-        """Mark this thread's write as one for the run; ``fenced``: its rows fence themselves."""
+        """Mark this thread's write as one for the run; ``fenced``: its rows fence themselves
+        (a checkpoint: the trigger), so it sends a statement only to carry step rows."""
         run_id = str(config["configurable"]["thread_id"])
         self._writing.run_id, self._writing.fenced = run_id, fenced
         try:
@@ -74,8 +75,9 @@ class JournalingPostgresSaver(PostgresSaver):
         try:
             with super()._cursor(pipeline=pipeline) as cur:
                 yield cur
-                pending = self.journal.take_pending(run_id) if run_id is not None else None
-                if pending is not None and (pending[1] is not None or not self._writing.fenced):
+                pending = (self.journal.take_pending(run_id, fence=not self._writing.fenced)
+                           if run_id is not None else None)
+                if pending is not None:
                     statement, taken = pending
                     cur.execute(*statement)
         except BaseException as exc:

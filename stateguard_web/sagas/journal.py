@@ -146,14 +146,18 @@ class DjangoJournal:
         """The run's fencing token, if this journal holds its lease."""
         return self._fences.get(run_id)
 
-    def take_pending(self, run_id: str) -> tuple[tuple[str, tuple[Any, ...]], Taken | None] | None:
+    def take_pending(self, run_id: str, *, fence: bool = True
+                     ) -> tuple[tuple[str, tuple[Any, ...]], Taken | None] | None:
         """What the checkpoint saver sends with its next write for this run, if this journal
         holds the run's lease: the fence, and the status and step rows not written yet (hand
-        them back with ``give_back`` if that write fails)."""
+        them back with ``give_back`` if that write fails). ``fence=False``: the write is fenced
+        otherwise (or needs no fence), so nothing unless there are rows or a status."""
         token = self._fences.get(run_id)
         if token is None:
             return None
         taken = self._buffer.take(run_id)
+        if taken is None and not fence:
+            return None
         params = taken.params() if taken else (None, None)
         return (JOURNAL, (uuid.UUID(run_id), token, *params)), taken
 
@@ -164,8 +168,8 @@ class DjangoJournal:
         """Write the run's pending status and step rows now, on this thread's connection."""
         if not self.defers_steps:
             return
-        pending = self.take_pending(run_id)
-        if pending is None or pending[1] is None:  # nothing but the fence
+        pending = self.take_pending(run_id, fence=False)
+        if pending is None:
             return
         statement, taken = pending
         try:

@@ -4,9 +4,11 @@ A checkpoint of a leased run names the fencing token its writer holds in its met
 (``JournalingPostgresSaver``); a trigger on ``checkpoints`` refuses the row (SQLSTATE SG001)
 unless the run still has that token. BEFORE INSERT only: PostgreSQL fires it for an upsert's row
 before the conflict check too, while an UPDATE of an old row (LangGraph's ``prune`` clears parent
-ids) must not be fenced against the token that row was written with. Before, each checkpoint carried a ``sagas_journal`` statement
-of its own for the fence alone: seven statements of a five-step run, ~3 ms of CPU per run between
-the worker and PostgreSQL (P2, docs/benchmarks.md). ``sagas_journal`` (migration 0003) keeps its
+ids) must not be fenced against the token that row was written with.
+
+Before, each checkpoint carried a ``sagas_journal`` statement of its own for the fence alone: six
+of a five-step run's thirteen, ~5 % of its CPU between the worker and PostgreSQL (P2,
+docs/benchmarks.md). ``sagas_journal`` (migration 0003) keeps its
 job for the writes that carry step rows, and now shares the fence with the trigger.
 
 PostgreSQL only.
