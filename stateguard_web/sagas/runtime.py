@@ -21,9 +21,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from agents import registry
 from agents.registry import AgentSpec
 from stateguard import StateGuardCheckpointer
-from stateguard_web.sagas import pg
 from stateguard_web.sagas.events import publish
-from stateguard_web.sagas.journal import DjangoJournal
+from stateguard_web.sagas.journal import DjangoJournal, pg
 
 
 @cache
@@ -50,7 +49,7 @@ def checkpoint_pool() -> Any:
 @cache
 def saver() -> BaseCheckpointSaver[Any]:
     if connection.vendor == "postgresql":
-        from stateguard_web.sagas.checkpoints import JournalingPostgresSaver
+        from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 
         return JournalingPostgresSaver(checkpoint_pool(), journal())  # tables: migration 0002
     from langgraph.checkpoint.sqlite import SqliteSaver

@@ -24,8 +24,8 @@ from stateguard import (
     StepStatus,
 )
 from stateguard_web.sagas import runtime
-from stateguard_web.sagas.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
+from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.models import Run, Step
 from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
 from tests.web.conftest import new_run

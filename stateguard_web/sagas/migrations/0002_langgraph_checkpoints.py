@@ -18,7 +18,7 @@ def setup_checkpoints(apps: Any, schema_editor: Any) -> None:
         return
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    from stateguard_web.sagas.pg import conninfo
+    from stateguard_web.sagas.journal.pg import conninfo
 
     with PostgresSaver.from_conn_string(conninfo(connection.settings_dict)) as saver:
         saver.setup()

@@ -36,8 +36,8 @@ from stateguard.records import (
     StepStatus,
     json_default,
 )
+from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 from stateguard_web.sagas.models import Approval, Compensation, CompensationAttempt, Run, Step
-from stateguard_web.sagas.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 
 _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
 # ``fence``: the run row, if its fencing token is still ours (or we hold no lease). On

@@ -24,8 +24,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.postgres import PostgresSaver
 
-from stateguard_web.sagas.journal import DjangoJournal, LeaseLost, is_fenced_out
-from stateguard_web.sagas.step_rows import FENCE_KEY
+from stateguard_web.sagas.journal.django_journal import DjangoJournal, LeaseLost, is_fenced_out
+from stateguard_web.sagas.journal.step_rows import FENCE_KEY
 
 
 class JournalingPostgresSaver(PostgresSaver):
