@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -22,7 +22,7 @@ from stateguard.events import EventCallback
 from stateguard.exceptions import ConfigurationError
 from stateguard.journal import Journal
 from stateguard.retry import CompensationRetry
-from stateguard.runner import GuardRunner
+from stateguard.runner import GuardRunner, OnError
 
 
 class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
@@ -43,6 +43,11 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         checkpointer.invoke(graph, {...}, {"configurable": {"thread_id": "t1"}})
         checkpointer.approve(graph, config, by="alice")
 
+    ``on_error`` says what a node's exception does to a guarded run: ``"compensate"`` unwinds
+    it, ``"hold"`` keeps it ``failed`` for an operator to retry or compensate, and a function
+    ``policy(exc) -> "compensate" | "hold"`` decides per error (hold a provider's timeout, which a
+    retry may fix; unwind a business error, which it will not).
+
     ``compensations`` keys are node names or tags declared on nodes with
     ``builder.add_node(name, fn, metadata={"tags": ["payment"]})``. A node without a compensation
     is treated as having no external effect: nothing is undone for it.
@@ -54,7 +59,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
                  approvals: Iterable[str] | Mapping[str, Any] | None = None,
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
-                 on_error: Literal["compensate", "hold"] = "compensate",
+                 on_error: OnError = "compensate",
                  lease_ttl: float = 60.0, lease_heartbeat: float | None = None) -> None:
         if saver is None:
             saver = InMemorySaver()
@@ -63,8 +68,9 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
                 f"saver must be a LangGraph BaseCheckpointSaver, not {saver!r}")
         if isinstance(saver, StateGuardCheckpointer):
             raise ConfigurationError("a StateGuardCheckpointer cannot wrap another one")
-        if on_error not in ("compensate", "hold"):
-            raise ConfigurationError("on_error must be 'compensate' or 'hold'")
+        if not callable(on_error) and on_error not in ("compensate", "hold"):
+            raise ConfigurationError("on_error must be 'compensate', 'hold', or a function of "
+                                     "the node's exception returning one of them")
         defers = getattr(journal, "defers_steps", False)
         if defers and getattr(saver, "journal", None) is not journal:
             raise ConfigurationError("a journal that defers step rows (defers_steps) needs the "

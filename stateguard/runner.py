@@ -6,7 +6,9 @@ the graph with ``durability="sync"``, and on a failure unwinds before it raises 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
@@ -40,7 +42,12 @@ from stateguard.unwind import Cause
 if TYPE_CHECKING:
     from stateguard.core import GuardCore
 
+logger = logging.getLogger("stateguard")
+
 OUTPUT_IS_STATE_KEY = "__stateguard_output_is_state"
+ErrorPolicy = Literal["compensate", "hold"]
+# What a node's error does: unwind the run, hold it for an operator, or ask a function.
+OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
 _RESUMABLE = frozenset({RunStatus.FAILED, RunStatus.RUNNING})
 _CRASHED = frozenset({RunStatus.RUNNING, RunStatus.COMPENSATING})
 
@@ -74,7 +81,7 @@ def _runner_config(config: RunnableConfig) -> RunnableConfig:
 
 class GuardRunner:
     core: GuardCore
-    on_error: str
+    on_error: OnError
     saver: BaseCheckpointSaver[Any]  # the wrapped one
 
     # -- building ---------------------------------------------------------------------------
@@ -219,15 +226,29 @@ class GuardRunner:
         - a lost lease: the run belongs to whoever took it over;
         - an error that did not come from a node (LangGraph's own, a saver's): nothing says the
           saga failed, so it is held ``failed`` for an operator to retry or compensate;
-        - with ``on_error="hold"``, a node's error too."""
+        - a node's error when ``on_error`` says "hold" (or its function does for this error)."""
         if isinstance(exc, RunLocked):
             return True
         if isinstance(exc, (InvariantViolation, ApprovalRejected)):
             return False
-        if self.on_error == "compensate" and getattr(exc, NODE_ATTR, None):
+        if getattr(exc, NODE_ATTR, None) and self._error_policy(exc) == "compensate":
             return False
         self.core.set_status(run_id_of(config), RunStatus.FAILED, self.core.cause_of(exc).error)
         return True
+
+    def _error_policy(self, exc: Exception) -> ErrorPolicy:
+        if not callable(self.on_error):
+            return self.on_error
+        try:
+            policy = self.on_error(exc)
+        except Exception:  # a broken policy must not leave the saga half done: unwind
+            logger.exception("on_error policy raised; unwinding the run")
+            return "compensate"
+        if policy not in ("compensate", "hold"):
+            logger.error("on_error policy returned %r for %s; unwinding the run", policy,
+                         type(exc).__name__)
+            return "compensate"
+        return policy
 
     def _settle(self, config: RunnableConfig, next_nodes: tuple[str, ...],
                 values: Any) -> InvariantViolation | None:

@@ -71,6 +71,36 @@ def test_it_retries_from_the_failure_point_without_rerunning_succeeded_steps() -
     assert guard.status("h").run.status == RunStatus.SUCCEEDED
 
 
+def test_it_holds_or_unwinds_per_error_as_the_policy_says() -> None:
+    effects: list[str] = []
+
+    def policy(exc: BaseException) -> str:
+        return "hold" if isinstance(exc, ConnectionError) else "compensate"
+
+    def c_body(state: dict[str, object]) -> dict[str, object]:
+        raise ConnectionError("carrier API down") if state.get("balance") else ValueError("no")
+
+    guard = StateGuardCheckpointer(on_error=policy, compensations={"a": undo(effects, "a")})
+    graph = guard.compile(line_builder(NODES, effects, {"c": c_body}))
+    with pytest.raises(ConnectionError):
+        guard.invoke(graph, {"balance": 1}, config("transient"))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {}, config("business"))
+    assert guard.status("transient").run.status == RunStatus.FAILED
+    assert guard.status("business").run.status == RunStatus.COMPENSATED
+    assert effects == ["a", "b", "c", "a", "b", "c", "undo:a"]  # only the business error undone
+
+
+def test_it_unwinds_when_the_policy_itself_fails() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(on_error=lambda exc: "retry later",
+                                   compensations={"a": undo(effects, "a")})
+    graph = guard.compile(line_builder(NODES, effects))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "c"}, config("bad-policy"))
+    assert guard.status("bad-policy").run.status == RunStatus.COMPENSATED
+
+
 def test_it_compensates_a_held_run_when_the_operator_asks() -> None:
     effects: list[str] = []
     guard = StateGuardCheckpointer(on_error="hold", compensations={"a": undo(effects, "a"),
