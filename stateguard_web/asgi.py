@@ -1,6 +1,6 @@
 """ASGI entry point: ``daphne stateguard_web.asgi:application``.
 
-HTTP goes to Django; websockets go through the session/auth middleware to
+HTTP goes to Django; websockets go through the origin check and the session/auth middleware to
 ``routing.websocket_urlpatterns``.
 """
 
@@ -17,6 +17,7 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
@@ -29,6 +30,11 @@ http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django
 application = ProtocolTypeRouter(
     {
         "http": http_app,
-        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+        # Browsers send the session cookie with a websocket opened by any site, and websockets
+        # have no CSRF check: without this, a page elsewhere could read a logged-in operator's
+        # live run updates. Only origins in ALLOWED_HOSTS may connect (and none without one).
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
     }
 )

@@ -24,11 +24,36 @@ if (BASE_DIR / ".env").is_file():
 
 DEV_SECRET_KEY = "django-insecure-stateguard-dev-only"
 SECRET_KEY = env.str("SECRET_KEY", default=DEV_SECRET_KEY)
-DEBUG = env.bool("DEBUG", default=True)
+# Off unless asked for: a deploy that forgets DEBUG must not show debug pages or run with the
+# development secret. `make run`, the tests and `.env.example` turn it on.
+DEBUG = env.bool("DEBUG", default=False)
 if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
-    raise ImproperlyConfigured("DEBUG is off: set SECRET_KEY to a long random value.")
+    raise ImproperlyConfigured(
+        "DEBUG is off (the default): set SECRET_KEY to a long random value, "
+        "or DEBUG=true for local development (cp .env.example .env)."
+    )
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])  # behind an HTTPS proxy
+
+# HTTPS. Production serves the site over HTTPS only (docs/deploy.md), so with DEBUG off every
+# setting below is on unless the environment says otherwise; `make run` (DEBUG on) is plain HTTP.
+HTTPS_ONLY = env.bool("HTTPS_ONLY", default=not DEBUG)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS_ONLY)
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS_ONLY)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=HTTPS_ONLY)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS_ONLY else 0)
+# Covers hosts below this one only (stateguard.example.com -> *.stateguard.example.com).
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS_ONLY)
+# Preloading asks browser vendors to hard-code the whole registrable domain as HTTPS-only; only
+# that domain's owner can decide it, so it stays off and `check --deploy` does not ask for it.
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
+# Behind a TLS-terminating proxy Daphne sees plain HTTP: name the header the proxy sets (e.g.
+# X-Forwarded-Proto) so that Django sees HTTPS and SECURE_SSL_REDIRECT does not loop. Only set
+# it when the proxy always overwrites that header; otherwise a client could claim HTTPS.
+_proxy_ssl_header = env.str("SECURE_PROXY_SSL_HEADER", default="")
+if _proxy_ssl_header:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https")
 
 INSTALLED_APPS = [
     "daphne",  # first: its runserver replaces Django's and serves ASGI (websockets too)
@@ -163,9 +188,21 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-# Stripe. The defaults talk to the local stand-in (tools/localstripe_server.py, dev only).
+# Stripe. A test key talks to the local stand-in (tools/localstripe_server.py, dev only) unless
+# told otherwise; a live key talks to Stripe, and never over plain HTTP: a forgotten or copied
+# STRIPE_API_BASE must not send live card operations to a local port in clear text.
 STRIPE_API_KEY = env.str("STRIPE_API_KEY", default="sk_test_local")
-STRIPE_API_BASE = env.str("STRIPE_API_BASE", default="http://127.0.0.1:8420")
+_stripe_live_key = STRIPE_API_KEY.startswith(("sk_live_", "rk_live_"))
+STRIPE_API_BASE = env.str(
+    "STRIPE_API_BASE",
+    default="https://api.stripe.com" if _stripe_live_key else "http://127.0.0.1:8420",
+)
+if _stripe_live_key and not STRIPE_API_BASE.startswith("https://"):
+    raise ImproperlyConfigured(
+        f"STRIPE_API_KEY is a live key but STRIPE_API_BASE is {STRIPE_API_BASE!r}: live keys "
+        "go to Stripe over HTTPS only. Unset STRIPE_API_BASE (https://api.stripe.com) or use "
+        "a test key (sk_test_...) with the local stand-in."
+    )
 
 LOGGING = {
     "version": 1,

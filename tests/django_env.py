@@ -24,3 +24,8 @@ os.environ["DATABASE_URL"] = (
 # the embedded one `make run` starts.
 os.environ["REDIS_URL"] = os.environ.get("STATEGUARD_TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
 os.environ.pop("CELERY_BROKER_URL", None)
+
+# DEBUG is off unless asked for (settings.py); the tests ask, so that the development SECRET_KEY
+# is accepted and the HTTPS-only defaults stay off for the test client and the workers.
+# pytest-django still runs each test with settings.DEBUG = False, as Django's runner does.
+os.environ["DEBUG"] = "true"

@@ -71,6 +71,9 @@ def main() -> int:
 
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
+    # DEBUG is off unless set (settings.py); this is the local development stack, so turn it on
+    # for it and every process it starts, unless the environment itself says otherwise.
+    os.environ.setdefault("DEBUG", "true")
     import django
 
     django.setup()

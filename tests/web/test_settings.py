@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import shlex
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,7 @@ from django.db import connection
 from django.test import Client
 from pytest_django import DjangoAssertNumQueries
 
-from tests.web.conftest import ManagePy
+from tests.web.conftest import ROOT, ManagePy
 
 
 @pytest.mark.django_db
@@ -47,3 +49,74 @@ def test_it_refuses_the_dev_secret_key_when_debug_is_off(
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "SECRET_KEY" in result.stderr
+
+
+def _sqlite_env(tmp_path: Path) -> dict[str, str]:
+    return {"DATABASE_URL": f"sqlite:///{tmp_path / 'check.sqlite3'}"}
+
+
+def _print_setting(manage_py: ManagePy, expression: str, env: dict[str, str]) -> str:
+    result = manage_py("shell", "-c", f"from django.conf import settings; print({expression})",
+                       env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()[-1]  # after shell's "N objects imported" line
+
+
+def test_it_turns_debug_off_when_the_environment_does_not_say(
+    manage_py: ManagePy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # tests/django_env.py turns DEBUG on for the tests; a deploy that forgets it must not be.
+    monkeypatch.delenv("DEBUG")
+    env = {**_sqlite_env(tmp_path), "SECRET_KEY": "x" * 50}
+    assert _print_setting(manage_py, "settings.DEBUG", env) == "False"
+
+
+@pytest.mark.parametrize("key", ["sk_live_abc", "rk_live_abc"])
+def test_it_sends_a_live_stripe_key_to_stripe_by_default(
+    manage_py: ManagePy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
+) -> None:
+    monkeypatch.delenv("STRIPE_API_BASE", raising=False)
+    env = {**_sqlite_env(tmp_path), "STRIPE_API_KEY": key}
+    assert _print_setting(manage_py, "settings.STRIPE_API_BASE", env) == "https://api.stripe.com"
+
+
+@pytest.mark.parametrize("key", ["sk_live_abc", "rk_live_abc"])
+def test_it_refuses_a_live_stripe_key_over_plain_http(
+    manage_py: ManagePy, tmp_path: Path, key: str
+) -> None:
+    env = {**_sqlite_env(tmp_path), "STRIPE_API_KEY": key,
+           "STRIPE_API_BASE": "http://127.0.0.1:8420"}
+    result = manage_py("check", env=env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "STRIPE_API_BASE" in result.stderr
+
+
+def _documented_production_env() -> dict[str, str]:
+    """The variables of the ``export`` in docs/deploy.md's steps, as a shell would set them.
+
+    Read from the page itself, so that the page and this test cannot drift apart. Values the
+    page leaves to the reader (``...``) are filled in: SECRET_KEY with a real random one.
+    """
+    lines = (ROOT / "docs" / "deploy.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("export "))
+    command = ""
+    for line in lines[start:]:
+        command += line.rstrip().removesuffix("\\") + " "
+        if not line.rstrip().endswith("\\"):
+            break
+    words = shlex.split(command, comments=True)
+    assert words[0] == "export"
+    env = dict(word.split("=", 1) for word in words[1:])
+    assert env["SECRET_KEY"] == "...", "the page shows a placeholder, not a key"
+    env["SECRET_KEY"] = secrets.token_urlsafe(50)
+    return env
+
+
+def test_it_passes_check_deploy_with_the_documented_production_environment(
+    manage_py: ManagePy,
+) -> None:
+    env = _documented_production_env()
+    assert env["DEBUG"] == "false" and env["STRIPE_API_KEY"].startswith("sk_live_")
+    result = manage_py("check", "--deploy", "--fail-level", "WARNING", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
