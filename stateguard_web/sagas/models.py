@@ -186,7 +186,12 @@ class Approval(models.Model):
 
 
 class AuditEvent(models.Model):
-    """Append-only: who did what to which run, and when."""
+    """Append-only: who did what to which run, and when.
+
+    ``save()`` of a stored event and ``delete()`` refuse here; triggers (migration 0007) refuse
+    every other UPDATE and DELETE in the database (``QuerySet.update()``/``.delete()``, raw
+    SQL), except setting ``run`` to NULL when the run is deleted: the trail outlives the run.
+    """
 
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL,
                             related_name="audit_events")
