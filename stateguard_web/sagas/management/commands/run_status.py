@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandParser
 
 from stateguard_web.sagas import selectors
+from stateguard_web.sagas.management.commands._run_command import run_argument
 
 
 class Command(BaseCommand):
@@ -17,8 +18,5 @@ class Command(BaseCommand):
         parser.add_argument("code", help="the run's UUID")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            run = selectors.run_get(code=options["code"])
-        except selectors.RunNotFound as exc:
-            raise CommandError(str(exc)) from exc
+        run = run_argument(options["code"])
         self.stdout.write(json.dumps(selectors.run_detail(run=run), indent=2))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from stateguard_web.sagas import services
+from stateguard_web.sagas.management.commands._run_command import user_argument
 
 
 class Command(BaseCommand):
@@ -19,11 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--by", help="username to record as the submitter")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        by: Any = None
-        if options["by"]:
-            by = get_user_model().objects.filter(username=options["by"]).first()
-            if by is None:
-                raise CommandError(f"no user {options['by']!r}")
+        by = user_argument(options["by"]) if options["by"] else None
         try:
             run = services.run_submit(agent=options["agent"], input=options["input"], by=by)
         except services.SubmissionError as exc:
