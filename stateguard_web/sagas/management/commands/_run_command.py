@@ -64,8 +64,8 @@ class ActionCommand(BaseCommand):
                             help="the user to record as acting (default: cli:<your login name>)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # Here, not at the top: services pull in LangGraph and every agent (seconds on a busy
-        # machine), which run_status, a user of this module too, does without.
+        # Here, not at the top: services pull in LangGraph and every agent (a second of CPU,
+        # measured), which run_status, a user of this module too, does without.
         from stateguard_web.sagas import services
 
         run = run_argument(options["run"])
