@@ -6,10 +6,21 @@ import ipaddress
 import shutil
 import socket
 import subprocess
+import sys
+import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 import stripe
+
+from tests.conftest import (
+    LOCALSTRIPE_LAUNCHER,
+    ROOT,
+    STRIPE_TEST_KEY,
+    _free_port,
+    _port_answers,
+)
 
 
 def _charge_id(latest_charge: str | stripe.Charge | None) -> str:
@@ -89,3 +100,39 @@ def test_listens_on_loopback_only(localstripe_url: str) -> None:
     for addr in sorted(addresses):
         with pytest.raises(OSError), socket.create_connection((addr, port), timeout=2):
             pass
+
+
+def _start_localstripe(port: int, store: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(LOCALSTRIPE_LAUNCHER), "--port", str(port), "--store", str(store)],
+            stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+        )
+    deadline = time.monotonic() + 20
+    while not _port_answers("127.0.0.1", port):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.05)
+    return proc
+
+
+def test_it_keeps_charges_across_a_restart_with_a_store_file(tmp_path: Path) -> None:
+    # `make run` passes --store: a refund after a restart of localstripe needs the charge.
+    store, log, port = tmp_path / "var" / "localstripe.pickle", tmp_path / "ls.log", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    client = stripe.StripeClient(STRIPE_TEST_KEY, base_addresses={"api": url})
+    proc = _start_localstripe(port, store, log)
+    try:
+        charge_id = _charge_id(_paid_intent(client).latest_charge)
+    finally:
+        proc.kill()  # SIGKILL: what was answered must already be on disk
+        proc.wait()
+    assert not list(store.parent.glob("*.tmp")), "the store is written through a renamed file"
+
+    proc = _start_localstripe(port, store, log)
+    try:
+        assert client.v1.charges.retrieve(charge_id).amount == 1000
+        client.v1.refunds.create(params={"charge": charge_id})
+        assert client.v1.charges.retrieve(charge_id).amount_refunded == 1000
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

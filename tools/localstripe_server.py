@@ -1,11 +1,14 @@
-"""Run localstripe bound to 127.0.0.1 only, with an in-memory store.
+"""Run localstripe bound to 127.0.0.1 only, with an in-memory store or a file of our choice.
 
 Stock ``localstripe`` binds ``::`` (every interface) and pickles its whole store to the
 fixed file ``/tmp/localstripe.pickle`` after every write (reloading it at start unless
 ``--from-scratch``).  This launcher reuses localstripe's aiohttp ``app`` but:
 
 * listens on 127.0.0.1 only (``--port 0`` picks a free port; the real one is printed),
-* never reads or writes ``/tmp/localstripe.pickle`` and always starts empty,
+* never reads or writes ``/tmp/localstripe.pickle``: without ``--store`` it starts empty and
+  keeps everything in memory (the tests); with ``--store PATH`` (``make run``) it loads PATH at
+  start and saves the store there after every write request, atomically (a temporary file
+  renamed over PATH), so a restart keeps the charges that later refunds need,
 * configures the ``aiohttp.access`` logger the way ``localstripe.server.start()`` does
   (localstripe also logs webhook deliveries through it),
 * prints ``localstripe listening on http://127.0.0.1:PORT`` once the socket listens,
@@ -14,15 +17,18 @@ fixed file ``/tmp/localstripe.pickle`` after every write (reloading it at start 
 localstripe is GPL-3.0-or-later; it is a test/dev dependency only and this file only
 imports it.
 
-Usage: ``python tools/localstripe_server.py --port 8420``
+Usage: ``python tools/localstripe_server.py --port 8420 [--store var/localstripe.pickle]``
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import pickle
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -32,23 +38,43 @@ from localstripe import server as ls_server
 HOST = "127.0.0.1"
 
 
-def _disable_persistence() -> None:
-    """Make localstripe's Store purely in-memory.
+def _set_persistence(store_path: Path | None) -> None:
+    """Make localstripe's Store in-memory, or persisted to ``store_path``.
 
     ``Store.dump_to_disk`` is called from ``__setitem__``/``__delitem__`` and from the
     server's ``save_store_middleware`` after every PUT/POST/DELETE; ``try_load_from_disk``
-    is only called by ``start()``.  Patching both on the class covers every call site.
+    is only called by ``start()``.  Patching them on the class covers every call site. Item
+    writes no longer dump (one request sets many items, and each dump pickles the whole
+    store); the middleware's dump after each write request is enough, and it runs before the
+    response is sent, so what a client was told exists is on disk.
     """
+    store_cls: Any = ls_resources.Store
+    store_cls.__setitem__ = dict.__setitem__
+    store_cls.__delitem__ = dict.__delitem__
 
-    def _no_dump(self: Any) -> None:
-        return None
+    def _dump(self: Any) -> None:
+        if store_path is None:
+            return
+        tmp = store_path.with_name(store_path.name + ".tmp")
+        with tmp.open("wb") as f:
+            pickle.dump(dict(self), f, protocol=pickle.HIGHEST_PROTOCOL)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, store_path)  # readers see the old file or the new one, never half
 
-    def _no_load(self: Any) -> None:
-        return None
-
-    ls_resources.Store.dump_to_disk = _no_dump
-    ls_resources.Store.try_load_from_disk = _no_load
+    ls_resources.Store.dump_to_disk = _dump
+    ls_resources.Store.try_load_from_disk = lambda self: None
     ls_resources.store.clear()
+    if store_path is not None and store_path.exists():
+        try:
+            with store_path.open("rb") as f:
+                ls_resources.store.update(pickle.load(f))
+        except Exception as exc:  # unreadable (another localstripe version?): keep it, start empty
+            aside = store_path.with_name(store_path.name + ".unreadable")
+            os.replace(store_path, aside)
+            ls_resources.store.clear()
+            print(f"localstripe: could not load {store_path} ({exc!r}); moved it to {aside}, "
+                  f"starting empty", file=sys.stderr, flush=True)
 
 
 def _configure_logging() -> logging.Logger:
@@ -62,9 +88,13 @@ def _configure_logging() -> logging.Logger:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--port", type=int, default=8420, help="TCP port (0 = pick a free one)")
+    parser.add_argument("--store", type=Path, default=None,
+                        help="keep the store in this file across restarts (default: memory)")
     args = parser.parse_args(argv)
 
-    _disable_persistence()
+    if args.store is not None:
+        args.store.parent.mkdir(parents=True, exist_ok=True)
+    _set_persistence(args.store)
     access_log = _configure_logging()
 
     # Bind ourselves (like localstripe's start(), but IPv4 loopback only) so that
@@ -76,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def announce(*_: object) -> None:
         # run_app calls this after every site has started, i.e. once we are listening.
-        print(f"localstripe listening on http://{HOST}:{port}", flush=True)
+        kept = f", store {args.store} ({len(ls_resources.store)} objects)" if args.store else ""
+        print(f"localstripe listening on http://{HOST}:{port}{kept}", flush=True)
 
     app: web.Application = ls_server.app
     web.run_app(app, sock=sock, access_log=access_log, print=announce)
