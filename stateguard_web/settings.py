@@ -9,6 +9,7 @@ that ``make run`` starts (``tools/embedded_redis.py``). Production settings are 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import environ
@@ -177,6 +178,9 @@ STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
 if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
     raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
 STATEGUARD_SANDBOX_DIR = BASE_DIR / env.str("STATEGUARD_SANDBOX_DIR", default="var/sandbox")
+# Offer the benchmark agents (noop5: five steps that do nothing) for submission and execution.
+# Off for users; bench/ and the tests that measure the stack turn it on.
+STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)
 
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
@@ -204,10 +208,25 @@ if _stripe_live_key and not STRIPE_API_BASE.startswith("https://"):
         "a test key (sk_test_...) with the local stand-in."
     )
 
+_SWEEP_TASK = CELERY_BEAT_SCHEDULE["sweep-expired-leases"]["task"]
+
+
+def _not_a_routine_sweep(record: logging.LogRecord) -> bool:
+    """Drop Celery's info lines about the lease sweep; keep everything else.
+
+    Every STATEGUARD_SWEEP_SECONDS beat logs "Sending due task", and the worker "received" and
+    "succeeded": three lines that say the sweep looked, not what it found (the sweep logs that
+    itself). The same lines about every other task, and warnings and errors about the sweep,
+    still pass.
+    """
+    return record.levelno > logging.INFO or _SWEEP_TASK not in record.getMessage()
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"not_a_routine_sweep": {"()": lambda: _not_a_routine_sweep}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
@@ -217,5 +236,10 @@ LOGGING = {
         "daphne": {"level": "INFO"},  # "Listening on TCP address ..." under `make run`
         "stateguard": {"level": "INFO"},
         "stateguard_web": {"level": "INFO"},
+        # The loggers of beat's "Sending due task", the worker's "received" and "succeeded".
+        **{
+            name: {"filters": ["not_a_routine_sweep"]}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
     },
 }

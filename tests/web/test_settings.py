@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import shlex
 from pathlib import Path
@@ -120,3 +121,26 @@ def test_it_passes_check_deploy_with_the_documented_production_environment(
     result = manage_py("check", "--deploy", "--fail-level", "WARNING", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+
+
+def test_it_keeps_celery_quiet_about_the_routine_sweep_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The three lines Celery logs for every sweep (every 2 s), each with the same call Celery
+    # makes; a line about any other task, and a failed sweep, still reach the log.
+    from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS
+
+    sweep = "stateguard_web.sagas.tasks.sweep_expired_leases"
+    other = "stateguard_web.sagas.tasks.run_execute"
+    caplog.set_level(logging.INFO)
+    for task in (sweep, other):
+        logging.getLogger("celery.beat").info("Scheduler: Sending due task %s (%s)", "x", task)
+        logging.getLogger("celery.worker.strategy").info(LOG_RECEIVED, {"name": task, "id": "1"})
+        logging.getLogger("celery.app.trace").info(
+            LOG_SUCCESS, {"name": task, "id": "1", "return_value": None, "runtime": 0.01}
+        )
+    logging.getLogger("celery.app.trace").error("Task %s[1] raised unexpected: boom", sweep)
+
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if sweep in m] == [f"Task {sweep}[1] raised unexpected: boom"]
+    assert len([m for m in messages if other in m]) == 3
