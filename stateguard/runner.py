@@ -27,6 +27,7 @@ from stateguard.exceptions import (
     SagaAborted,
 )
 from stateguard.instrument import INSTRUMENTED_KEY, NODE_ATTR, RUNNER_KEY, instrument, node_tags
+from stateguard.lifecycle import Action, check
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -48,8 +49,6 @@ OUTPUT_IS_STATE_KEY = "__stateguard_output_is_state"
 ErrorPolicy = Literal["compensate", "hold"]
 # What a node's error does: unwind the run, hold it for an operator, or ask a function.
 OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
-_RESUMABLE = frozenset({RunStatus.FAILED, RunStatus.RUNNING})
-_CRASHED = frozenset({RunStatus.RUNNING, RunStatus.COMPENSATING})
 
 
 def run_id_of(config: RunnableConfig) -> str:
@@ -60,14 +59,22 @@ def run_id_of(config: RunnableConfig) -> str:
     return str(thread_id)
 
 
-def _values(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[str, Any]:
-    return state_values(graph.get_state(config).values)
+def _values(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[str, Any] | None:
+    """The thread's state, for compensations whose step journaled none; ``None`` if it cannot
+    be read. The unwind calls this lazily, in its middle: it must not raise there, since the
+    saver may be the very thing that failed."""
+    try:
+        return state_values(graph.get_state(config).values)
+    except Exception:
+        logger.warning("reading the state of %s for its compensations failed",
+                       run_id_of(config), exc_info=True)
+        return None
 
 
-def _finished(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> bool:
-    """Whether the thread has a checkpoint and nothing left to run."""
-    snapshot = graph.get_state(config)
-    return snapshot.created_at is not None and not snapshot.next and not snapshot.tasks
+def _ran(task: Any) -> bool:
+    """Whether a task of a checkpoint ran: LangGraph saved its writes, with no error and no
+    interrupt (a task with writes has a result, ``{}`` when it wrote nothing to the state)."""
+    return task.result is not None and task.error is None and not task.interrupts
 
 
 def _split_output(out: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
@@ -203,7 +210,9 @@ class GuardRunner:
                 raise
             try:
                 state: Any = state_values((await graph.aget_state(config)).values)
-            except Exception:  # the unwind must not depend on reading the checkpoint back
+            except Exception:  # as in _values: the unwind must not depend on this read
+                logger.warning("reading the state of %s for its compensations failed",
+                               run_id_of(config), exc_info=True)
                 state = None
             report = await self.core.aunwind(run_id_of(config), self.core.cause_of(exc),
                                              include_in_doubt=True, fallback_state=state)
@@ -265,43 +274,51 @@ class GuardRunner:
         return None
 
     # -- operator actions -------------------------------------------------------------------
-    def _pending(self, run_id: str, node: str | None, step_id: str | None
-                 ) -> ApprovalRecord:
-        pending = [a for a in self.core.journal.approvals(run_id)
-                   if a.status == ApprovalStatus.PENDING and node in (None, a.node)
-                   and step_id in (None, a.step_id)]
-        if not pending:
-            what = f" for node {node!r}" if node else ""
-            raise InvalidRunState(f"run {run_id!r} has no pending approval{what}")
+    def _approval(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                  run_id: str, node: str | None, step_id: str | None,
+                  decision: ApprovalStatus, by: str | None, reason: str) -> ApprovalRecord:
+        """The approval to carry ``decision`` out on, decided now if it was pending.
+
+        It may have been decided already, by whoever took the decision (the web app decides in
+        its request, atomically, and leaves the resuming to a worker): then it is carried out
+        as decided, and a different decision is refused."""
+        paused = {t.id for t in graph.get_state(config).tasks if t.interrupts}
+        matching = [a for a in self.core.journal.approvals(run_id)
+                    if a.step_id in paused and node in (None, a.node)
+                    and step_id in (None, a.step_id)]
+        what = f" for node {node!r}" if node else ""
+        pending = [a for a in matching if a.status == ApprovalStatus.PENDING]
         if len(pending) > 1:
-            raise InvalidRunState(f"run {run_id!r} has {len(pending)} pending approvals; "
+            raise InvalidRunState(f"run {run_id!r} has {len(pending)} pending approvals{what}; "
                                   "name the step_id")
-        return pending[0]
-
-    def _check_paused(self, run_id: str) -> None:
-        run = self._run_record(run_id)
-        if run.status != RunStatus.PAUSED:
-            raise InvalidRunState(f"run {run_id!r} is {run.status}; only a paused run waits "
-                                  "for a decision")
-
-    def _decide(self, run_id: str, approval: ApprovalRecord, status: ApprovalStatus,
-                by: str | None, reason: str) -> None:
-        if not self.core.journal.approval_decide(run_id, approval.step_id, status, by=by,
-                                                 reason=reason):
-            raise InvalidRunState(f"approval of {approval.node!r} was already decided")
-        emit(self.core.on_event, Event("approval.decided", run_id, approval.node,
-                                       approval.step_id, {"decision": str(status), "by": by}))
+        if pending:
+            approval = pending[0]
+            if not self.core.journal.approval_decide(run_id, approval.step_id, decision,
+                                                     by=by, reason=reason):
+                raise InvalidRunState(f"approval of {approval.node!r} was already decided")
+            emit(self.core.on_event, Event("approval.decided", run_id, approval.node,
+                                           approval.step_id,
+                                           {"decision": str(decision), "by": by}))
+            return approval
+        decided = [a for a in matching if step_id is not None and a.step_id == step_id]
+        if not decided:
+            raise InvalidRunState(f"run {run_id!r} has no pending approval{what}")
+        if decided[0].status != decision:
+            raise InvalidRunState(f"approval of {decided[0].node!r} was already "
+                                  f"{decided[0].status}")
+        return decided[0]
 
     def approve(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                 by: str | None = None, node: str | None = None, step_id: str | None = None
                 ) -> Any:
-        """Approve the pending gate and resume the run; the gated node runs exactly once."""
+        """Approve the pending gate and resume the run; the gated node runs exactly once.
+
+        An approval already approved (decided elsewhere, ``step_id`` naming it) is carried out."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            self._check_paused(run_id)
-            self._decide(run_id, self._pending(run_id, node, step_id), ApprovalStatus.APPROVED,
-                         by, "")
+            check(Action.APPROVE, self._run_record(run_id).status, run=run_id)
+            self._approval(graph, config, run_id, node, step_id, ApprovalStatus.APPROVED, by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, None, config, {})
 
@@ -311,106 +328,151 @@ class GuardRunner:
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            self._check_paused(run_id)
-            self._decide(run_id, self._pending(run_id, node, step_id), ApprovalStatus.APPROVED,
-                         by, "")
+            check(Action.APPROVE, self._run_record(run_id).status, run=run_id)
+            self._approval(graph, config, run_id, node, step_id, ApprovalStatus.APPROVED, by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return await self._arun(graph, None, config, {})
 
     def reject(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                by: str | None = None, node: str | None = None, step_id: str | None = None,
                reason: str = "") -> UnwindReport:
-        """Reject the pending gate: the gated node never runs and the run is unwound."""
+        """Reject the pending gate: the gated node never runs and the run is unwound.
+
+        An approval already rejected (decided elsewhere, ``step_id`` naming it) is carried out."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            self._check_paused(run_id)
-            approval = self._pending(run_id, node, step_id)
-            self._decide(run_id, approval, ApprovalStatus.REJECTED, by, reason)
-            exc = ApprovalRejected(approval.node, by=by, reason=reason)
+            check(Action.REJECT, self._run_record(run_id).status, run=run_id)
+            approval = self._approval(graph, config, run_id, node, step_id,
+                                      ApprovalStatus.REJECTED, by, reason)
+            exc = ApprovalRejected(approval.node, by=approval.decided_by or by,
+                                   reason=approval.reason or reason)
             return self.core.unwind(run_id, self.core.cause_of(exc),
                                     triggered_by=by or "operator",
                                     fallback_state=lambda: _values(graph, config))
 
     def retry(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
               force: bool = False) -> Any:
-        """Resume a failed (or crashed) run from where it stopped: ``invoke(None)`` semantics, so
-        succeeded steps never run again; only the failed or unfinished task does.
+        """Resume a failed run from where it stopped: ``invoke(None)`` semantics, so succeeded
+        steps never run again; only the failed or unfinished task does.
 
         A step left in doubt by a dead process would run again, possibly repeating its effect:
-        that needs ``force=True`` (for nodes known to be idempotent)."""
+        that needs ``force=True`` (for nodes known to be idempotent). A run whose process died
+        is taken over with ``recover``."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            run = self._run_record(run_id)
-            if run.status not in _RESUMABLE:
-                raise InvalidRunState(f"run {run_id!r} is {run.status}; only a failed or "
-                                      "crashed run can be retried")
-            steps = self._reconcile(graph, config, run_id)
-            if steps is None:
-                steps = self.core.journal.steps(run_id)
-            doubtful = [s.node for s in steps if s.status == StepStatus.STARTED]
-            if doubtful and not force:
-                raise InvalidRunState(f"run {run_id!r} has steps in doubt {doubtful}: resuming "
-                                      "would run them again; compensate, or retry(force=True)")
-            self.core.set_status(run_id, RunStatus.RUNNING)
-            return self._run(graph, None, config, {})
+            check(Action.RETRY, self._run_record(run_id).status, run=run_id)
+            return self._resume(graph, config, run_id, force)
+
+    def _resume(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, run_id: str,
+                force: bool) -> Any:
+        steps = self._reconcile(graph, config, run_id)
+        doubtful = [s.node for s in steps if s.status == StepStatus.STARTED]
+        if doubtful and not force:
+            raise InvalidRunState(f"run {run_id!r} has steps in doubt {doubtful}: resuming "
+                                  "would run them again; compensate, or retry(force=True)")
+        self.core.set_status(run_id, RunStatus.RUNNING)
+        return self._run(graph, None, config, {})
 
     def compensate(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                    by: str = "operator", reason: str = "operator") -> UnwindReport:
-        """Unwind the run now (an operator's "compensate", or crash recovery). Idempotent:
-        compensations that already succeeded are skipped. Steps left in doubt by a dead process
-        are compensated only when their compensation is declared ``in_doubt_safe``."""
+        """Unwind the run now (an operator's "compensate"). Compensations that already
+        succeeded are skipped, so on a run that needs attention it retries the failed ones.
+        Steps left in doubt by a dead process are compensated only when their compensation is
+        declared ``in_doubt_safe``.
+
+        The run's status is checked under its lease: a run resolved by hand, or taken up by
+        another action, since the operator asked is refused (``InvalidRunState``)."""
         self._check_graph(graph)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
-            # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
+            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
+            return self._compensate(graph, config, run_id, by, reason)
+
+    def _compensate(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                    run_id: str, by: str, reason: str, *, reconcile: bool = True
+                    ) -> UnwindReport:
+        # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
+        if reconcile:
             self._reconcile(graph, config, run_id)
-            return self.core.unwind(run_id, Cause(reason), triggered_by=by,
-                                    include_in_doubt=True,
-                                    fallback_state=lambda: _values(graph, config))
+        return self.core.unwind(run_id, Cause(reason), triggered_by=by, include_in_doubt=True,
+                                fallback_state=lambda: _values(graph, config))
 
     def _reconcile(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
-                   run_id: str) -> list[StepRecord] | None:
-        """Journal as started (in doubt) the steps whose rows a dead process took with it, and
-        return the run's steps then (None: the journal has nothing to reconcile; read them).
+                   run_id: str) -> list[StepRecord]:
+        """Make the journal's steps agree with the last checkpoint, and return them.
 
-        Only for journals that write step rows with the checkpoint (``defers_steps``): there a
-        step's row commits with its task's writes, so a step the last checkpoint still lists as
-        a pending task, with no writes and no row, may have run. Its body never ran if it was
-        waiting for an approval that was not given."""
+        - A task whose writes LangGraph saved (with no error or interrupt) has run: its
+          effect happened. If its step is still "started" (the process died between the two
+          writes), it is journaled succeeded, so that it is compensated, not taken for in
+          doubt, nor run again.
+        - With a journal that writes step rows with the checkpoint (``defers_steps``), a step's
+          row commits with its task's writes, so a task the last checkpoint still lists, with no
+          writes and no row, may have run: it is journaled started (in doubt). Its body never
+          ran if it was waiting for an approval that was not given."""
         journal = self.core.journal
-        if not getattr(journal, "defers_steps", False):
-            return None
         steps = journal.steps(run_id)
-        known = {s.step_id for s in steps}
+        by_id = {s.step_id: s for s in steps}
         approved = {a.step_id for a in journal.approvals(run_id)
                     if a.status == ApprovalStatus.APPROVED}
         nodes = getattr(getattr(graph, "builder", None), "nodes", {})
+        changed = False
         for task in graph.get_state(config).tasks:
-            if (task.id in known or task.error is not None or task.result is not None
-                    or (task.interrupts and task.id not in approved)):
+            step = by_id.get(task.id)
+            if _ran(task):
+                if step is not None and step.status == StepStatus.STARTED:
+                    journal.step_finish(run_id, task.id, StepStatus.SUCCEEDED,
+                                        update=task.result)
+                    changed = True
+                continue
+            if (step is not None or not getattr(journal, "defers_steps", False)
+                    or task.error is not None or (task.interrupts and task.id not in approved)):
                 continue
             spec = nodes.get(task.name)
-            started, _ = journal.step_start(run_id, task.id, task.name,
-                                            node_tags(spec.metadata) if spec is not None else ())
-            steps.append(started)
-        return steps
+            journal.step_start(run_id, task.id, task.name,
+                               node_tags(spec.metadata) if spec is not None else ())
+            changed = True
+        return journal.steps(run_id) if changed else steps
 
     def recover(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig, *,
                 resume: bool = False) -> Any:
         """Take over a run whose process died (its lease expired): unwind it, or resume it
         (``resume=True`` re-runs the step in doubt: only for idempotent nodes).
 
-        A run whose graph had finished when its process died (it died before saying so) is
-        settled as it would have been: its final state is checked, and it succeeds or unwinds
-        on a violation. Unwinding it for the crash would undo a saga that completed."""
-        run = self._run_record(run_id_of(config))
-        if run.status not in _CRASHED:
-            raise InvalidRunState(f"run {run.run_id!r} is {run.status}, not crashed")
-        if run.status == RunStatus.RUNNING and (resume or _finished(graph, config)):
-            return self.retry(graph, config, force=True)
-        return self.compensate(graph, config, by="recovery", reason="crash")
+        A run whose graph had finished when its process died (it died before saying so, maybe
+        before LangGraph's last checkpoint) is settled as it would have been: its final state is
+        checked, and it succeeds or unwinds on a violation. Unwinding it for the crash would
+        undo a saga that completed."""
+        self._check_graph(graph)
+        run_id = self._run_record(run_id_of(config)).run_id
+        with self.core.lease(run_id):
+            run = self._run_record(run_id)
+            check(Action.RECOVER, run.status, run=run_id)
+            # Against the checkpoint the dead process left: _finished may write the next one,
+            # whose new tasks never started.
+            self._reconcile(graph, config, run_id)
+            if run.status == RunStatus.RUNNING and (resume or self._finished(graph, config)):
+                return self._resume(graph, config, run_id, force=True)
+            return self._compensate(graph, config, run_id, "recovery", "crash", reconcile=False)
+
+    def _finished(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> bool:
+        """Whether the thread's graph has nothing left to run.
+
+        The last checkpoint may list tasks whose writes were saved (the process died before the
+        checkpoint that applies them). Those tasks ran; whether the graph goes on after them
+        depends on what they wrote, so their writes are applied (stopping before any node) and
+        the checkpoint that results is asked."""
+        snapshot = graph.get_state(config)
+        if snapshot.created_at is None or snapshot.next:
+            return False
+        if not snapshot.tasks:
+            return True
+        if not all(_ran(task) for task in snapshot.tasks):
+            return False
+        graph.invoke(None, _runner_config(config), durability="sync", interrupt_before="*")
+        after = graph.get_state(config)
+        return not after.next and not after.tasks
 
     def status(self, config: RunnableConfig | str) -> RunView:
         run_id = config if isinstance(config, str) else run_id_of(config)

@@ -2,8 +2,12 @@
 line so that tests can run each part of a saga in its own process.
 
     python -m tests.core.procs DIR THREAD ACTION [--approve-c] [--safe-c] [--hang-at NODE]
+        [--die-after-writes NODE] [--lose-finish NODE] [--resume] [--lease SECONDS]
 
-ACTION is one of: invoke, approve, reject, recover, status. Effects and compensations are
+ACTION is one of: invoke, approve, reject, recover, status. ``--die-after-writes`` ends the
+process (``os._exit``) right after LangGraph saved NODE's writes, before the checkpoint that
+applies them; ``--lose-finish`` drops the journal's record that NODE finished, as if the process
+had died between the two writes. Effects and compensations are
 appended to DIR/effects.log (one line each, so the test can count them across processes).
 """
 
@@ -27,6 +31,7 @@ from stateguard import (
     SagaAborted,
     SqliteJournal,
     StateGuardCheckpointer,
+    UnwindReport,
 )
 from tests.core.support import line_builder
 
@@ -49,6 +54,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--approve-c", action="store_true")
     parser.add_argument("--safe-c", action="store_true")
     parser.add_argument("--hang-at")
+    parser.add_argument("--die-after-writes")
+    parser.add_argument("--lose-finish")
+    parser.add_argument("--resume", action="store_true")
     parser.add_argument("--lease", type=float, default=60.0)
     args = parser.parse_args(argv)
     directory: Path = args.dir
@@ -68,9 +76,21 @@ def main(argv: list[str]) -> int:
 
     compensations: dict[str, Any] = {n: undo(n) for n in NODES}
     compensations["c"] = Compensation(undo("c"), in_doubt_safe=args.safe_c)
+    class Saver(SqliteSaver):
+        def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
+            super().put_writes(config, writes, task_id, task_path)
+            if args.die_after_writes and task_path.endswith(f", {args.die_after_writes}"):
+                os._exit(9)
+
+    class Journal(SqliteJournal):
+        def step_finish(self, run_id: str, step_id: str, status: Any, **kw: Any) -> None:
+            if not any(s.step_id == step_id and s.node == args.lose_finish
+                       for s in self.steps(run_id)):
+                super().step_finish(run_id, step_id, status, **kw)
+
     conn = sqlite3.connect(directory / "checkpoints.db", check_same_thread=False)
     guard = StateGuardCheckpointer(
-        SqliteSaver(conn), journal=SqliteJournal(directory / "journal.db"),
+        Saver(conn), journal=Journal(directory / "journal.db"),
         compensations=compensations, approvals=["c"] if args.approve_c else None,
         compensation_retry=CompensationRetry(attempts=2, initial=0.001), lease_ttl=args.lease)
     graph = guard.compile(line_builder(NODES, Effects()))
@@ -86,9 +106,12 @@ def main(argv: list[str]) -> int:
         elif args.action == "reject":
             outcome["report"] = str(guard.reject(graph, config, by="bob", reason="too risky"))
         elif args.action == "recover":
-            report = guard.recover(graph, config)
-            outcome["report"] = str(report)
-            outcome["needs_attention"] = report.needs_attention
+            recovered = guard.recover(graph, config, resume=args.resume)
+            if isinstance(recovered, UnwindReport):
+                outcome["report"] = str(recovered)
+                outcome["needs_attention"] = recovered.needs_attention
+            else:
+                outcome["log"] = recovered["log"]
         outcome["status"] = str(guard.status(config).run.status)
     except SagaAborted as exc:
         outcome["aborted"] = str(exc)

@@ -9,7 +9,7 @@ import pytest
 import stripe
 
 from agents.checkout import BookingFailed, checkout_builder, checkout_guard_kwargs
-from stateguard import SagaAborted, StateGuardCheckpointer, StateGuardWarning
+from stateguard import InvalidRunState, SagaAborted, StateGuardCheckpointer, StateGuardWarning
 
 ORDER = {"email": "alice@example.com", "amount": 4200, "currency": "usd", "fail_booking": True}
 
@@ -63,7 +63,8 @@ def test_it_refunds_once_in_the_guarded_form_and_a_second_unwind_refunds_nothing
     assert isinstance(caught.value.cause, BookingFailed)
 
     customer_id = graph.get_state(config).values["customer_id"]
-    guard.compensate(graph, config, by="alice")  # an operator presses "compensate" again
+    with pytest.raises(InvalidRunState, match="is compensated"):  # "compensate" pressed again
+        guard.compensate(graph, config, by="alice")
     (charge,) = charges(stripe_client, customer_id)
     assert (charge.amount, charge.amount_refunded) == (4200, 4200)
     refunds = stripe_client.v1.refunds.list(params={"charge": charge.id}).data

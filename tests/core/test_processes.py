@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stateguard import SqliteJournal
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -65,6 +67,15 @@ def test_it_unwinds_when_the_operator_rejects(tmp_path: Path) -> None:
     assert "rejected" in result["report"]
 
 
+def wait_for_lease_to_expire(tmp_path: Path) -> None:
+    """Until the dead process's lease on run "t" has run out (a recovery must wait for it)."""
+    journal = SqliteJournal(tmp_path / "journal.db")
+    deadline = time.monotonic() + 30
+    while (run := journal.run_get("t")) is None or run.lock_expires >= time.time():
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.05)
+
+
 def kill_inside_c(tmp_path: Path, *flags: str) -> None:
     proc = start(tmp_path, "t", "invoke", "--hang-at", "c", "--lease", "1", *flags)
     deadline = time.monotonic() + 30
@@ -73,7 +84,53 @@ def kill_inside_c(tmp_path: Path, *flags: str) -> None:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(1.1)  # let the dead worker's 1 s lease expire
+    wait_for_lease_to_expire(tmp_path)
+
+
+def die_after_writes_of(tmp_path: Path, node: str, *flags: str) -> None:
+    """Run "t" in a process that dies right after LangGraph saved ``node``'s writes, before
+    the checkpoint that applies them."""
+    proc = start(tmp_path, "t", "invoke", "--die-after-writes", node, "--lease", "1", *flags)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 9, err
+    wait_for_lease_to_expire(tmp_path)
+
+
+def test_it_settles_a_saga_whose_last_writes_were_saved_when_its_process_died(
+        tmp_path: Path) -> None:
+    die_after_writes_of(tmp_path, "d")
+    result = run(tmp_path, "t", "recover")
+
+    assert effects(tmp_path) == ["a", "b", "c", "d"]  # nothing undone, nothing run again
+    assert result == {"log": ["a", "b", "c", "d"], "status": "succeeded"}
+
+
+def test_it_unwinds_a_saga_whose_saved_writes_lead_to_another_node(tmp_path: Path) -> None:
+    die_after_writes_of(tmp_path, "b")
+    result = run(tmp_path, "t", "recover")
+
+    assert effects(tmp_path) == ["a", "b", "undo:b", "undo:a"]  # c never ran
+    assert result["status"] == "compensated" and not result["needs_attention"]
+
+
+def test_it_compensates_a_step_whose_writes_were_saved_as_succeeded_not_in_doubt(
+        tmp_path: Path) -> None:
+    # The journal lost b's "succeeded" (the process died between the two writes), but
+    # LangGraph has b's writes: b ran, and its compensation (not in-doubt-safe) must run.
+    die_after_writes_of(tmp_path, "b", "--lose-finish", "b")
+    result = run(tmp_path, "t", "recover")
+
+    assert effects(tmp_path) == ["a", "b", "undo:b", "undo:a"]
+    assert result["status"] == "compensated" and not result["needs_attention"]
+
+
+def test_it_resumes_after_a_step_whose_writes_were_saved_without_running_it_again(
+        tmp_path: Path) -> None:
+    die_after_writes_of(tmp_path, "b")
+    result = run(tmp_path, "t", "recover", "--resume")
+
+    assert effects(tmp_path) == ["a", "b", "c", "d"]
+    assert result == {"log": ["a", "b", "c", "d"], "status": "succeeded"}
 
 
 def test_it_recovers_a_killed_run_and_compensates_an_in_doubt_safe_step(tmp_path: Path) -> None:

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import operator
-from typing import Annotated, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 
 from stateguard import (
     Compensation,
     CompensationFailed,
     CompensationRetry,
     CompensationStatus,
+    InMemoryJournal,
+    InvalidRunState,
     InvariantViolation,
     RunStatus,
     SagaAborted,
     StateGuardCheckpointer,
+    StepStatus,
 )
 from tests.core.support import FAST_RETRY, config, fork_builder, line_builder, undo
 
@@ -143,8 +147,8 @@ def test_it_skips_succeeded_compensations_when_the_unwind_runs_again() -> None:
         "charge": "succeeded", "reserve": "already_done"}
     assert guard.status("r5").run.status == RunStatus.COMPENSATED
 
-    third = guard.compensate(graph, config("r5"), by="alice")
-    assert {str(o.status) for o in third.outcomes} == {"already_done"}
+    with pytest.raises(InvalidRunState, match="is compensated"):  # nothing left to undo
+        guard.compensate(graph, config("r5"), by="alice")
     assert effects.count("undo:charge") == 1
 
 
@@ -210,3 +214,35 @@ def test_it_catches_a_violation_made_by_parallel_nodes_together_in_the_last_step
         guard.invoke(guard.compile(builder), {"balance": 50}, config("par"))
     assert sorted(caught.value.report.compensated) == ["fee", "tax"]
     assert caught.value.cause.phase == "at the end"  # type: ignore[union-attr]
+
+
+def test_it_finishes_the_unwind_when_the_state_cannot_be_read_back() -> None:
+    # A journal that keeps no states sends compensations to the checkpoint for one; when the
+    # saver is what broke, the unwind must still run every compensation and settle the run.
+    effects: list[str] = []
+    broken = {"saver": False}
+
+    class Stateless(InMemoryJournal):
+        def step_finish(self, run_id: str, step_id: str, status: StepStatus, **kw: Any) -> None:
+            super().step_finish(run_id, step_id, status, **{**kw, "state_after": None})
+
+    class BreakingSaver(InMemorySaver):
+        def get_tuple(self, config: Any) -> Any:
+            if broken["saver"]:
+                raise ConnectionError("checkpoint store down")
+            return super().get_tuple(config)
+
+    def c_body(state: dict[str, Any]) -> dict[str, Any]:
+        broken["saver"] = True
+        raise ValueError("c failed")
+
+    guard = StateGuardCheckpointer(BreakingSaver(), journal=Stateless(),
+                                   compensations={n: undo(effects, n) for n in ("a", "b")},
+                                   compensation_retry=FAST_RETRY)
+    graph = guard.compile(line_builder(["a", "b", "c"], effects, {"c": c_body}))
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(graph, {}, config("unreadable"))
+
+    assert effects == ["a", "b", "c", "undo:b", "undo:a"]
+    assert caught.value.report.compensated == ["b", "a"]
+    assert guard.status("unreadable").run.status == RunStatus.COMPENSATED

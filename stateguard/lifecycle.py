@@ -1,0 +1,105 @@
+"""A run's life: which action may happen from which status, and what it leads to.
+
+The one place that says it. The guard's runner, the web app's services and tasks, its API (the
+refusal is a 409's message) and its dashboard (a button it may show) all ask ``refusal()``::
+
+    from stateguard.lifecycle import Action, refusal
+
+    why = refusal(Action.RETRY, run.status)
+    if why is not None:
+        raise InvalidRunState(why)
+
+The statuses::
+
+    pending ──start──> running ──> succeeded ─────────────────────┐
+                          │ ├──> paused ──approve──> running      │ compensate
+                          │ │      └──reject──> compensating      │
+                          │ └──> failed ──retry──> running        │
+                          │         └──compensate──> compensating <┘
+                          └─(worker died)─recover─> running | compensating
+    compensating ──> compensated | needs_attention ──resolve──> compensated
+                                         └──compensate (retry the failed ones)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from stateguard.exceptions import InvalidRunState
+from stateguard.records import RunStatus
+
+__all__ = ["LIVE", "SETTLED", "TRANSITIONS", "Action", "Transition", "allowed", "check",
+           "refusal"]
+
+S = RunStatus
+
+
+class Action(StrEnum):
+    START = "start"  # a worker picks up a submitted run
+    APPROVE = "approve"  # an operator lets the gated step run
+    REJECT = "reject"  # an operator refuses it: the run unwinds
+    RETRY = "retry"  # resume a failed run from its failure point
+    COMPENSATE = "compensate"  # an operator's "undo it now"; again, retries failed compensations
+    RESOLVE = "resolve"  # an operator undid by hand what the compensations could not
+    RECOVER = "recover"  # another worker takes over a run whose worker died
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    sources: frozenset[RunStatus]
+    target: RunStatus | None  # None: decided by what happens (recovery resumes or unwinds)
+    only: str  # completes "only ... ", the refusal's reason
+
+
+TRANSITIONS: dict[Action, Transition] = {
+    Action.START: Transition(frozenset({S.PENDING}), S.RUNNING, "a pending run is started"),
+    Action.APPROVE: Transition(frozenset({S.PAUSED}), S.RUNNING,
+                               "a paused run waits for a decision"),
+    Action.REJECT: Transition(frozenset({S.PAUSED}), S.COMPENSATING,
+                              "a paused run waits for a decision"),
+    Action.RETRY: Transition(frozenset({S.FAILED}), S.RUNNING, "a failed run is retried"),
+    Action.COMPENSATE: Transition(
+        frozenset({S.PAUSED, S.FAILED, S.SUCCEEDED, S.NEEDS_ATTENTION}), S.COMPENSATING,
+        "a paused, failed, succeeded or needs-attention run can be compensated"),
+    Action.RESOLVE: Transition(frozenset({S.NEEDS_ATTENTION}), S.COMPENSATED,
+                               "a run that needs attention is resolved by hand"),
+    Action.RECOVER: Transition(frozenset({S.RUNNING, S.COMPENSATING}), None,
+                               "a running or compensating run whose worker died is recovered"),
+}
+
+# Statuses a run leaves only by an operator's action (or never).
+SETTLED = frozenset({S.SUCCEEDED, S.COMPENSATED, S.NEEDS_ATTENTION, S.FAILED, S.PAUSED})
+# Statuses in which a worker holds (or held, if it died) the run.
+LIVE = TRANSITIONS[Action.RECOVER].sources
+
+
+def refusal(action: Action, status: RunStatus | str, *, run: str = "",
+            deciding: bool = False) -> str | None:
+    """``None`` if ``action`` may happen to a run in ``status``; else why not, in words for an
+    operator (``run`` names the run in the message).
+
+    ``deciding``: the run is paused, an approval of it was decided, and a worker has yet to
+    carry the decision out; no other decision, and no compensation, may overtake it."""
+    action, status = Action(action), RunStatus(status)
+    name = f"run {run} " if run else "the run "
+    if status not in TRANSITIONS[action].sources:
+        return f"{name}is {status}; only {TRANSITIONS[action].only}"
+    if deciding and status == S.PAUSED and action in (
+            Action.APPROVE, Action.REJECT, Action.COMPENSATE):
+        return (f"{name}is waiting for a worker to carry out the decision already taken on "
+                "its approval")
+    return None
+
+
+def check(action: Action, status: RunStatus | str, *, run: str = "",
+          deciding: bool = False) -> None:
+    """Raise ``InvalidRunState`` with ``refusal()``'s reason if ``action`` may not happen."""
+    why = refusal(action, status, run=run, deciding=deciding)
+    if why is not None:
+        raise InvalidRunState(why)
+
+
+def allowed(status: RunStatus | str, *, deciding: bool = False) -> frozenset[Action]:
+    """The actions a run in ``status`` accepts now (the buttons a dashboard may show)."""
+    return frozenset(a for a in Action if refusal(a, status, deciding=deciding) is None)
