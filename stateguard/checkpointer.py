@@ -94,8 +94,9 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         return list(self.saver.config_specs)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        self._observer.on_run_start(config)
-        return self.saver.get_tuple(config)
+        saved = self.saver.get_tuple(config)
+        self._observer.on_run_start(config, saved)
+        return saved
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
              before: RunnableConfig | None = None, limit: int | None = None
@@ -137,8 +138,9 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
 
     # -- delegation, async ------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        self._observer.on_run_start(config)
-        return await self.saver.aget_tuple(config)
+        saved = await self.saver.aget_tuple(config)
+        self._observer.on_run_start(config, saved)
+        return saved
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
                     before: RunnableConfig | None = None, limit: int | None = None

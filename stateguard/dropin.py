@@ -14,6 +14,10 @@ threads, so it observes rather than instruments:
 
 LangGraph runs these calls on a thread pool, so a call may overtake an earlier one; each call that
 acts on the whole run first waits for the run's calls already in flight.
+
+What is kept for a run lives from its start to the exit of LangGraph's loop, which comes after
+the pool has finished the run's calls; a later invoke on the thread starts afresh from the
+checkpoint it loads. A guard lives as long as the server, so nothing may outlive its run.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import contextlib
 import sys
 import threading
 import warnings
-from collections import OrderedDict, defaultdict
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple
 
 from stateguard.core import GuardCore
 from stateguard.exceptions import ConfigurationError, InvalidRunState, InvariantViolation
@@ -39,6 +46,11 @@ from stateguard.state import apply_update, is_internal_channel, state_values
 _ERROR, _INTERRUPT = "__error__", "__interrupt__"
 _ABORTED = frozenset({RunStatus.COMPENSATING, RunStatus.COMPENSATED, RunStatus.NEEDS_ATTENTION})
 _DRAIN_TIMEOUT = 10.0
+# A run's put_writes reads the checkpoint its step started from, at most a few steps back.
+_VALUES_PER_RUN = 16
+# A run whose loop never exits (LangGraph failed inside its own start: invoke(None) on a new
+# thread) is never ended; keep only the most recently active runs, far more than run at once.
+_MAX_RUNS = 10_000
 
 
 class StateGuardWarning(UserWarning):
@@ -51,19 +63,26 @@ def attach_report(exc: BaseException, report: UnwindReport) -> None:
     exc.add_note(f"StateGuard: {report}")
 
 
+@dataclass(eq=False)
+class _Run:
+    nodes: dict[str, tuple[str, ...]]  # node -> tags, of the graph this run runs
+    channels: Mapping[str, Any]
+    values: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)  # by checkpoint
+    # A checkpoint raised a violation: LangGraph saves no later one, so nothing may wait for one.
+    stopped: bool = False
+
+
 class DropInObserver:
     def __init__(self, core: GuardCore) -> None:
         self.core = core
         self._cond = threading.Condition()
-        self._in_flight: defaultdict[str, int] = defaultdict(int)
-        self._values: OrderedDict[str, dict[str, Any]] = OrderedDict()  # checkpoint id -> state
+        self._in_flight: dict[str, int] = {}
         self._warned = False
-        self._graphs: dict[int, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = {}
-        # run id -> (node tags, channels) of the graph it runs
-        self._runs: dict[str, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = {}
-        # Runs whose checkpoint raised a violation: LangGraph saves none of their later
-        # checkpoints, so nothing may wait for one.
-        self._stopped: set[str] = set()
+        # Weak, and by the graph itself: an id() is handed on once its graph is collected.
+        self._graphs: weakref.WeakKeyDictionary[
+            Any, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = (
+            weakref.WeakKeyDictionary())
+        self._runs: OrderedDict[str, _Run] = OrderedDict()  # by run id, least recently active first
 
     @staticmethod
     def mode(config: RunnableConfig) -> str | None:
@@ -75,14 +94,32 @@ class DropInObserver:
         return "errors" if conf.get(INSTRUMENTED_KEY) else "observe"
 
     # -- run start (from get_tuple, called by LangGraph as a run begins) ----------------------
-    def on_run_start(self, config: RunnableConfig) -> None:
-        if self.mode(config) != "observe":
+    def on_run_start(self, config: RunnableConfig, saved: CheckpointTuple | None) -> None:
+        mode = self.mode(config)
+        if mode is None:
             return
-        graph = self._starting_graph()
+        graph, loop = self._starting_run()
         if graph is None:
             return  # get_state() and other reads, not a run
         run_id = str(config.get("configurable", {}).get("thread_id"))
-        self._learn_graph(run_id, graph)
+        nodes, channels = self._learn_graph(graph)
+        if mode == "observe":
+            self._admit(run_id, config)
+        # A resumed step's writes name the checkpoint loaded here, saved by an earlier invoke.
+        live = _Run(nodes, channels)
+        if saved is not None:
+            live.values[saved.checkpoint["id"]] = state_values(saved.checkpoint["channel_values"])
+        with self._cond:
+            self._runs[run_id] = live
+            self._runs.move_to_end(run_id)
+            while len(self._runs) > _MAX_RUNS:
+                self._runs.popitem(last=False)
+        if loop is not None:
+            # Pushed before LangGraph enters its background executor, so this runs after the
+            # executor has waited for the run's last put/put_writes.
+            loop.stack.callback(self._run_ended, run_id, live)
+
+    def _admit(self, run_id: str, config: RunnableConfig) -> None:
         run = self.core.journal.run_get(run_id)
         if run is not None and run.status in _ABORTED:
             raise InvalidRunState(
@@ -99,61 +136,81 @@ class DropInObserver:
                 "compensated, but an invariant violation cannot stop nodes that already started "
                 "(they are compensated when observed). Use graph = guard.compile(builder), or "
                 "invoke with durability='sync', to stop the run before the next node.",
-                StateGuardWarning, stacklevel=2)
+                StateGuardWarning, stacklevel=3)
+
+    def _run_ended(self, run_id: str, live: _Run) -> None:
+        with self._cond:
+            if self._runs.get(run_id) is live:  # not a later run on the same thread
+                del self._runs[run_id]
 
     @staticmethod
-    def _starting_graph() -> Any:
-        """The compiled graph whose run is starting, or ``None`` if this is not a run start.
+    def _starting_run() -> tuple[Any, Any]:
+        """The compiled graph whose run is starting and LangGraph's loop for that run (or
+        ``None``), or ``(None, None)`` if this is not a run start.
 
         The checkpointer is never told which graph it serves; LangGraph calls ``get_tuple`` from
-        inside ``Pregel.stream``/``astream`` as a run begins, so the graph is the ``self`` of
-        that frame a few levels up (``get_state`` reads go through other methods)."""
+        its loop's ``__enter__`` inside ``Pregel.stream``/``astream`` as a run begins, so the
+        loop and the graph are the ``self`` of frames a few levels up (``get_state`` reads go
+        through other methods)."""
         from langgraph.pregel import Pregel
+        from langgraph.pregel._loop import PregelLoop
 
-        frame = sys._getframe(2)
+        frame, loop = sys._getframe(2), None
         for _ in range(40):
             if frame is None:
-                return None
-            graph = frame.f_locals.get("self")
-            if isinstance(graph, Pregel):
-                return graph if frame.f_code.co_name in ("stream", "astream") else None
+                break
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, PregelLoop) and loop is None:
+                loop = owner
+            if isinstance(owner, Pregel):
+                if frame.f_code.co_name in ("stream", "astream"):
+                    return owner, loop
+                break
             frame = frame.f_back  # type: ignore[assignment]
-        return None
+        return None, None
 
-    def _learn_graph(self, run_id: str, graph: Any) -> None:
-        """Validate the guard's names against the graph, and keep its tags and reducers for
-        this run (several graphs may share one guard)."""
-        known = self._graphs.get(id(graph))
+    def _learn_graph(self, graph: Any) -> tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]:
+        """Validate the guard's names against the graph, and return its tags and reducers
+        (several graphs may share one guard)."""
+        with self._cond:
+            known = self._graphs.get(graph)
         if known is None:
             nodes = {name: node_tags(node.metadata) for name, node in graph.nodes.items()
                      if not name.startswith("__")}
             self.core.spec.validate_names(nodes)
-            known = self._graphs[id(graph)] = (nodes, graph.channels)
-        self._runs[run_id] = known
+            known = (nodes, graph.channels)
+            with self._cond:
+                self._graphs[graph] = known
+        return known
 
     # -- ordering ---------------------------------------------------------------------------
     @contextmanager
     def tracking(self, run_id: str) -> Iterator[None]:
         with self._cond:
-            self._in_flight[run_id] += 1
+            self._in_flight[run_id] = self._in_flight.get(run_id, 0) + 1
         try:
             yield
         finally:
             with self._cond:
-                self._in_flight[run_id] -= 1
+                left = self._in_flight.pop(run_id) - 1
+                if left:
+                    self._in_flight[run_id] = left
                 self._cond.notify_all()
 
     def _drain(self, run_id: str) -> None:
         """Wait until this call is the run's only observation call still running."""
         with self._cond:
-            self._cond.wait_for(lambda: self._in_flight[run_id] <= 1, timeout=_DRAIN_TIMEOUT)
+            self._cond.wait_for(lambda: self._in_flight.get(run_id, 0) <= 1,
+                                timeout=_DRAIN_TIMEOUT)
 
     def _state_of(self, run_id: str, checkpoint_id: str | None) -> dict[str, Any]:
         with self._cond:
-            self._cond.wait_for(
-                lambda: checkpoint_id in self._values or run_id in self._stopped,
-                timeout=_DRAIN_TIMEOUT)
-            return dict(self._values.get(checkpoint_id or "", {}))
+            live = self._runs.get(run_id)
+            if live is None:
+                return {}
+            self._cond.wait_for(lambda: checkpoint_id in live.values or live.stopped,
+                                timeout=_DRAIN_TIMEOUT)
+            return dict(live.values.get(checkpoint_id or "", {}))
 
     # -- observations -----------------------------------------------------------------------
     def after_put(self, config: RunnableConfig, checkpoint: Mapping[str, Any],
@@ -161,14 +218,15 @@ class DropInObserver:
         run_id = str(config["configurable"]["thread_id"])
         values = state_values(checkpoint["channel_values"])
         with self._cond:
-            self._values[checkpoint["id"]] = values
-            while len(self._values) > 1024:
-                self._values.popitem(last=False)
-            self._cond.notify_all()
+            live = self._runs.get(run_id)  # None outside a run: update_state()
+            if live is not None:
+                self._runs.move_to_end(run_id)
+                live.values[checkpoint["id"]] = values
+                while len(live.values) > _VALUES_PER_RUN:
+                    live.values.popitem(last=False)
+                self._cond.notify_all()
         journal = self.core.journal
         if metadata.get("source") == "input":
-            with self._cond:
-                self._stopped.discard(run_id)
             journal.run_begin(run_id)
             journal.run_set_status(run_id, RunStatus.RUNNING)
             return
@@ -177,9 +235,10 @@ class DropInObserver:
         found = self.core.spec.first_violation(values)
         if found is None:
             return
-        with self._cond:
-            self._stopped.add(run_id)
-            self._cond.notify_all()
+        if live is not None:
+            with self._cond:
+                live.stopped = True
+                self._cond.notify_all()
         self._drain(run_id)
         done = [s for s in journal.steps(run_id) if s.done_seq is not None]
         last = max(done, key=lambda s: s.done_seq or 0).node if done else None
@@ -195,8 +254,8 @@ class DropInObserver:
             return
         conf = config["configurable"]
         run_id = str(conf["thread_id"])
-        node_tags_, channels = self._runs.get(run_id, ({}, {}))
-        journal, tags = self.core.journal, node_tags_.get(node, ())
+        live = self._runs.get(run_id) or _Run({}, {})
+        journal, tags = self.core.journal, live.nodes.get(node, ())
         error = next((v for c, v in writes if c == _ERROR), None)
         observing = self.mode(config) == "observe"  # else the node wrappers journal the steps
         if observing:
@@ -216,7 +275,8 @@ class DropInObserver:
         if not observing:
             return
         update = {c: v for c, v in writes if not is_internal_channel(c)}
-        after = apply_update(channels, self._state_of(run_id, conf.get("checkpoint_id")), update)
+        before = self._state_of(run_id, conf.get("checkpoint_id"))
+        after = apply_update(live.channels, before, update)
         journal.step_finish(run_id, task_id, StepStatus.SUCCEEDED, update=update,
                             state_after=after)
         run = journal.run_get(run_id)
