@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import stripe
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents.checkout import charged_within_amount, checkout_builder, refund_compensation
-from agents.registry import AgentSpec, register
+from agents.checkout import checkout_builder, checkout_guard_kwargs
+from agents.registry import AgentSettings, AgentSpec, register
 
 
 class CheckoutInput(BaseModel):
@@ -21,22 +20,21 @@ class CheckoutInput(BaseModel):
     fail_booking: bool = False
 
 
-def stripe_client() -> stripe.StripeClient:
-    return stripe.StripeClient(os.environ.get("STRIPE_API_KEY", "sk_test_local"),
-                               base_addresses={"api": os.environ.get(
-                                   "STRIPE_API_BASE", "http://127.0.0.1:8420")})
+def stripe_client(settings: AgentSettings) -> stripe.StripeClient:
+    return stripe.StripeClient(settings.stripe_api_key,
+                               base_addresses={"api": settings.stripe_api_base})
 
 
 @register("checkout")
-def spec() -> AgentSpec:
-    client = stripe_client()
+def spec(settings: AgentSettings) -> AgentSpec:
+    client = stripe_client(settings)
+    guard = checkout_guard_kwargs(client)
 
     def build() -> Any:
         return checkout_builder(client)
 
     return AgentSpec(
         name="checkout", build=build, input_schema=CheckoutInput,
-        invariants=(charged_within_amount,),
-        compensations={"payment": refund_compensation(client)},
+        invariants=tuple(guard["invariants"]), compensations=guard["compensations"],
         approvals={"charge_user": lambda s: int(s.get("amount", 0)) > 100_00},
         description="Charge a card with Stripe, then book the order; refund if booking fails.")

@@ -1,5 +1,6 @@
 """The "noop5" agent: five steps that do nothing, each with a compensation. For benchmarks: it
-measures what StateGuard and the stack cost per run, with no effect of its own."""
+measures what StateGuard and the stack cost per run, with no effect of its own, so it is
+registered as a benchmark and offered to users only where benchmarks are enabled."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 from pydantic import BaseModel, ConfigDict
 
-from agents.registry import AgentSpec, register
+from agents.registry import AgentSettings, AgentSpec, register
 
 STEPS = tuple(f"step{i}" for i in range(1, 6))
 
@@ -40,8 +41,8 @@ def build() -> StateGraph[Any, Any, Any, Any]:
     return builder
 
 
-@register("noop5")
-def spec() -> AgentSpec:
+@register("noop5", benchmark=True)
+def spec(settings: AgentSettings) -> AgentSpec:
     return AgentSpec(name="noop5", build=build, input_schema=NoopInput,
                      invariants=(lambda s: s.get("n", 0) >= 0,),
                      compensations={name: _undo for name in STEPS},

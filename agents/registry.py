@@ -1,21 +1,44 @@
 """The agents this deployment runs, by name.
 
 An ``AgentSpec`` says everything the web app needs to run an agent as a saga: how to build its
-graph, its invariants, compensations and approval gates, the schema its input must satisfy, and
-what to do with a run whose worker died (``on_crash``: unwind it, or resume it when every node is
-idempotent).
+graph, its invariants, compensations and approval gates, the schema its input must satisfy, what
+a node's error does (``on_error``: unwind the run, hold it ``failed`` for an operator to retry, or
+a function that decides per error) and what to do with a run whose worker died (``on_crash``:
+unwind it, or resume it when every node is idempotent).
+
+Agents are plain Python below the web app: they never import Django. What they need from the
+deployment (keys, addresses, folders) reaches them as an ``AgentSettings`` passed to their
+factory: ``registry.get("checkout", AgentSettings(...))``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import StateGraph
 from pydantic import BaseModel
 
 from stateguard import ConfigurationError
+
+# What a node's error does to a run (``StateGuardCheckpointer(on_error=...)``; the core does
+# not export its alias): unwind it, hold it for an operator, or ask a function per error.
+ErrorPolicy = Literal["compensate", "hold"]
+OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentSettings:
+    """What the deployment tells its agents. The web app builds it from Django settings
+    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``); a script or a test
+    builds its own. No defaults here: the deployment's settings are the one place for them."""
+
+    stripe_api_key: str
+    stripe_api_base: str
+    sandbox_dir: Path
 
 
 @dataclass(frozen=True)
@@ -26,39 +49,56 @@ class AgentSpec:
     invariants: tuple[Callable[[dict[str, Any]], bool], ...] = ()
     compensations: Mapping[str, Any] = field(default_factory=dict)
     approvals: Mapping[str, Any] | tuple[str, ...] = ()
+    on_error: OnError = "compensate"
     on_crash: Literal["unwind", "resume"] = "unwind"
     description: str = ""
 
     def guard_kwargs(self) -> dict[str, Any]:
         return {"invariants": list(self.invariants), "compensations": dict(self.compensations),
-                "approvals": self.approvals or None}
+                "approvals": self.approvals or None, "on_error": self.on_error}
 
 
-_REGISTRY: dict[str, Callable[[], AgentSpec]] = {}
+Factory = Callable[[AgentSettings], AgentSpec]
+_REGISTRY: dict[str, Factory] = {}
+_BENCHMARKS: set[str] = set()
 
 
-def register(name: str) -> Callable[[Callable[[], AgentSpec]], Callable[[], AgentSpec]]:
-    """Register a factory that makes the agent's spec (called when the agent is first used, so
-    that settings such as Stripe keys are read at run time, not at import)."""
-    def decorator(factory: Callable[[], AgentSpec]) -> Callable[[], AgentSpec]:
+def register(name: str, *, benchmark: bool = False) -> Callable[[Factory], Factory]:
+    """Register a factory that makes the agent's spec from the deployment's settings (called
+    when the agent is first used, so that settings are read at run time, not at import).
+
+    ``benchmark=True`` marks an agent that measures the stack and does nothing for a user:
+    whoever offers agents to users leaves it out unless benchmarks are enabled (``names``)."""
+    def decorator(factory: Factory) -> Factory:
         if name in _REGISTRY:
             raise ConfigurationError(f"agent {name!r} is registered twice")
         _REGISTRY[name] = factory
+        if benchmark:
+            _BENCHMARKS.add(name)
         return factory
     return decorator
 
 
-def names() -> list[str]:
+def names(*, benchmarks: bool = False) -> list[str]:
+    """The registered agents' names; the benchmark agents only with ``benchmarks=True``."""
     _load()
-    return sorted(_REGISTRY)
+    return sorted(n for n in _REGISTRY if benchmarks or n not in _BENCHMARKS)
 
 
-def get(name: str) -> AgentSpec:
+def get(name: str, settings: AgentSettings) -> AgentSpec:
     _load()
     factory = _REGISTRY.get(name)
     if factory is None:
         raise KeyError(name)
-    return factory()
+    return factory(settings)
+
+
+def run_id(config: RunnableConfig) -> str:
+    """The saga's run id inside a node that takes ``(state, config)``: LangGraph's thread id.
+
+    A node keys what it records about its effects by it (an owner, an idempotency key), so
+    that a compensation, which gets the same id as ``ctx.run_id``, finds what its run did."""
+    return str(config["configurable"]["thread_id"])
 
 
 def _load() -> None:

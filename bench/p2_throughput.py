@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # Production settings: DEBUG off (Django would keep and format every query).
 os.environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/stateguard_bench",
                   REDIS_URL="redis://127.0.0.1:6379/13", DJANGO_SETTINGS_MODULE=
-                  "stateguard_web.settings", DEBUG="false", SECRET_KEY="bench-" + "x" * 50)
+                  "stateguard_web.settings", DEBUG="false", SECRET_KEY="bench-" + "x" * 50,
+                  STATEGUARD_BENCH_AGENTS="true")  # the noop5 agent; the worker inherits it
 sys.path.insert(0, str(ROOT))
 
 

@@ -8,18 +8,19 @@ after the fork.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
 from django.db import connection
+from django.dispatch import receiver
 from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from agents import registry
-from agents.registry import AgentSpec
+from agents.registry import AgentSettings, AgentSpec
 from stateguard import StateGuardCheckpointer
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
@@ -66,28 +67,58 @@ def close() -> None:
         checkpoint_pool().close()
     elif saver.cache_info().currsize:  # SQLite: the saver's file
         saver().conn.close()  # type: ignore[attr-defined]
-    for cached in (saver, checkpoint_pool, guard_for, journal):
+    for cached in (saver, checkpoint_pool, _guard, _spec, journal):
         cached.cache_clear()
 
 
-def _agent_environment() -> None:
-    # Agents are plain Python below the web app and read their settings from the environment;
-    # hand them the web app's.
-    os.environ.setdefault("STATEGUARD_SANDBOX_DIR", str(settings.STATEGUARD_SANDBOX_DIR))
-    os.environ.setdefault("STRIPE_API_KEY", settings.STRIPE_API_KEY)
-    os.environ.setdefault("STRIPE_API_BASE", settings.STRIPE_API_BASE)
+def agent_settings() -> AgentSettings:
+    """What the agents get from this deployment's settings (agents never import Django)."""
+    return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
+                         stripe_api_base=settings.STRIPE_API_BASE,
+                         sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR))
+
+
+def agent_names() -> list[str]:
+    """The agents this deployment offers: the benchmark ones (``noop5``) only when
+    ``STATEGUARD_BENCH_AGENTS`` is on, so users are not offered an agent that does nothing."""
+    return registry.names(benchmarks=settings.STATEGUARD_BENCH_AGENTS)
+
+
+def agent_spec(agent: str) -> AgentSpec:
+    """The spec of an offered agent (``KeyError`` if unknown or not offered here)."""
+    if agent not in agent_names():
+        raise KeyError(agent)
+    return _spec(agent)
 
 
 @cache
+def _spec(agent: str) -> AgentSpec:
+    return registry.get(agent, agent_settings())
+
+
 def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
-    """The guard, the compiled graph and the spec of ``agent`` (``KeyError`` if unknown)."""
-    _agent_environment()
-    spec = registry.get(agent)
+    """The guard, the compiled graph and the spec of ``agent`` (``KeyError`` if unknown or not
+    offered here). Checked on every call, built once per process."""
+    agent_spec(agent)
+    return _guard(agent)
+
+
+@cache
+def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
+    spec = _spec(agent)
     guard = StateGuardCheckpointer(
         saver(), journal=journal(), on_event=publish,
         lease_ttl=settings.STATEGUARD_LEASE_SECONDS,
         lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS, **spec.guard_kwargs())
     return guard, guard.compile(spec.build()), spec
+
+
+@receiver(setting_changed)
+def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
+    # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
+    if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR"):
+        _guard.cache_clear()
+        _spec.cache_clear()
 
 
 def config_for(code: str) -> dict[str, Any]:

@@ -13,8 +13,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from pydantic import ValidationError
 
-from agents import registry
-from stateguard_web.sagas import tasks
+from stateguard_web.sagas import runtime, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Run
 
 
@@ -56,8 +55,8 @@ def _audit(run: Run | None, by: AbstractBaseUser | str | None, action: str,
 def run_submit(*, agent: str, input: dict[str, Any] | str,
                by: AbstractBaseUser | str | None = None) -> Run:
     """Validate ``input`` against the agent's schema, store the run and queue it."""
-    if agent not in registry.names():
-        raise SubmissionError(f"unknown agent {agent!r}; known agents: {registry.names()}")
+    if agent not in runtime.agent_names():  # the agents this deployment offers
+        raise SubmissionError(f"unknown agent {agent!r}; known agents: {runtime.agent_names()}")
     if isinstance(input, str):
         try:
             input = json.loads(input)
@@ -68,7 +67,8 @@ def run_submit(*, agent: str, input: dict[str, Any] | str,
     if "\\u0000" in json.dumps(input):  # PostgreSQL cannot store NUL in JSON text
         raise SubmissionError("input must not contain NUL characters")
     try:
-        data = registry.get(agent).input_schema.model_validate(input).model_dump(mode="json")
+        data = runtime.agent_spec(agent).input_schema.model_validate(input).model_dump(
+            mode="json")
     except ValidationError as exc:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
         raise SubmissionError(f"input does not fit agent {agent!r}", errors) from exc

@@ -1,11 +1,17 @@
-"""A worker's checkpoint saver outlives a broken database connection."""
+"""The runtime: a worker's checkpoint saver outlives a broken database connection; agents get
+the deployment's settings through their spec's factory; benchmark agents are offered only when
+enabled."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from django.db import connection
+from django.test import override_settings
 
-from stateguard_web.sagas import runtime
+from stateguard_web.sagas import runtime, services
 from stateguard_web.sagas.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -19,6 +25,7 @@ def run_noop() -> str:
     return run.status
 
 
+@override_settings(STATEGUARD_BENCH_AGENTS=True)
 def test_it_runs_again_after_the_checkpoint_connections_were_killed() -> None:
     assert run_noop() == Run.Status.SUCCEEDED
     with connection.cursor() as cursor:  # what a database restart does to the pool
@@ -26,3 +33,32 @@ def test_it_runs_again_after_the_checkpoint_connections_were_killed() -> None:
                        "datname = current_database() AND pid <> pg_backend_pid()")
         assert cursor.fetchall()
     assert run_noop() == Run.Status.SUCCEEDED
+
+
+def test_it_hands_each_agent_the_sandbox_its_settings_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Settings reach the agent through AgentSettings, not the environment: a changed setting
+    # is the one the next agent built uses, and nothing is left in os.environ.
+    monkeypatch.delenv("STATEGUARD_SANDBOX_DIR", raising=False)
+    for name in ("one", "two"):
+        with override_settings(STATEGUARD_SANDBOX_DIR=tmp_path / name):
+            run = Run.objects.create(agent="provision", input={"name": f"web-{name}"})
+            guard, graph, _ = runtime.guard_for("provision")
+            guard.invoke(graph, {"name": f"web-{name}", "size": 1},
+                         runtime.config_for(run.thread_id))
+        assert sorted(p.name for p in (tmp_path / name / "workspaces").iterdir()) == [
+            f"web-{name}"]
+    assert "STATEGUARD_SANDBOX_DIR" not in os.environ
+
+
+def test_it_offers_the_benchmark_agent_only_when_enabled() -> None:
+    with override_settings(STATEGUARD_BENCH_AGENTS=False):
+        with pytest.raises(services.SubmissionError, match="unknown agent 'noop5'") as caught:
+            services.run_submit(agent="noop5", input={"n": 0})
+        assert "noop5" not in str(caught.value).split("known agents:")[1]
+        with pytest.raises(KeyError):  # a queued noop5 run is not executed either
+            runtime.guard_for("noop5")
+    with override_settings(STATEGUARD_BENCH_AGENTS=True):
+        assert "noop5" in runtime.agent_names()
+        assert runtime.guard_for("noop5")[2].name == "noop5"
+    assert not Run.objects.exists()

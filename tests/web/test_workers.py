@@ -185,7 +185,11 @@ def test_it_keeps_its_database_connections_between_runs_and_replaces_dropped_one
 def test_two_workers_journal_every_step_of_many_runs_once_and_in_order(
         workers: Workers, sandbox: Path) -> None:
     """Step rows ride the checkpoint writes of two processes at once: none lost, none doubled."""
-    runs = [services.run_submit(agent="noop5", input={"n": 0}) for _ in range(20)]
+    from django.test import override_settings
+
+    workers.env["STATEGUARD_BENCH_AGENTS"] = "true"  # noop5 is a benchmark agent
+    with override_settings(STATEGUARD_BENCH_AGENTS=True):
+        runs = [services.run_submit(agent="noop5", input={"n": 0}) for _ in range(20)]
     workers.start("w1")
     workers.start("w2")
     for run in runs:
