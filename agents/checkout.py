@@ -3,16 +3,23 @@
 The seed story StateGuard exists for: if anything after the charge fails (booking, an invariant,
 an operator's rejection), the charge is refunded exactly once, with an idempotency key that stays
 the same on every retry, and only after checking what Stripe already refunded.
+
+Not every error is a reason to unwind: when Stripe cannot be reached the run is held ``failed``
+(``checkout_error_policy``) so that an operator can retry it once Stripe answers again. The
+Stripe calls carry idempotency keys made from the run's id, so a retry after an answer that was
+lost on the way back gets Stripe's first answer again instead of charging the card twice.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 import stripe
+from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
+from agents.registry import run_id
 from stateguard import Compensation, ExceptionContext
 
 
@@ -37,6 +44,20 @@ def charged_within_amount(state: dict[str, Any]) -> bool:
     return int(state.get("amount_charged", 0)) <= int(state.get("amount", 0))
 
 
+def checkout_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
+    """``on_error`` for checkout: hold the run on an error that a retry may fix, unwind it on a
+    business error (a declined card, a failed booking), which a retry would only repeat.
+
+    Held: Stripe was unreachable (``APIConnectionError``: the request may or may not have
+    reached it; a retry sends the same idempotency key, so Stripe answers it once), asked us to
+    slow down (``RateLimitError``: nothing was done), or failed on its side (``APIError``, a
+    5xx: the outcome is unknown, so a person looks before anything is undone; a retry within
+    Stripe's idempotency window may get the same saved answer back)."""
+    if isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError, stripe.APIError)):
+        return "hold"
+    return "compensate"
+
+
 def _charge_id(intent: Any) -> str:
     latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
     return str(latest if isinstance(latest, str) else latest.id)
@@ -45,15 +66,20 @@ def _charge_id(intent: Any) -> str:
 def checkout_builder(client: stripe.StripeClient,
                      book: Callable[[dict[str, Any]], str] | None = None
                      ) -> StateGraph[Any, Any, Any, Any]:
-    def create_customer(state: dict[str, Any]) -> dict[str, Any]:
-        customer = client.v1.customers.create(params={"email": state["email"]})
+    # The idempotency keys name the run and the node: a retry of a held run repeats the call
+    # with the same key, and Stripe returns what it did the first time, if it did anything.
+    def create_customer(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        customer = client.v1.customers.create(
+            params={"email": state["email"]},
+            options={"idempotency_key": f"stateguard:{run_id(config)}:create_customer"})
         return {"customer_id": customer.id}
 
-    def charge_user(state: dict[str, Any]) -> dict[str, Any]:
+    def charge_user(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
         intent = client.v1.payment_intents.create(params={
             "amount": state["amount"], "currency": state.get("currency", "usd"),
             "customer": state["customer_id"], "payment_method": "pm_card_visa",
-            "confirm": True})
+            "confirm": True}, options={"idempotency_key":
+                                       f"stateguard:{run_id(config)}:charge_user"})
         return {"payment_intent_id": intent.id, "charge_id": _charge_id(intent),
                 "amount_charged": intent.amount}
 
@@ -94,6 +120,7 @@ def refund_compensation(client: stripe.StripeClient) -> Compensation:
 
 
 def checkout_guard_kwargs(client: stripe.StripeClient) -> dict[str, Any]:
-    """The invariants and compensations to give a ``StateGuardCheckpointer``."""
+    """The invariants, compensations and error policy to give a ``StateGuardCheckpointer``."""
     return {"invariants": [charged_within_amount],
-            "compensations": {"payment": refund_compensation(client)}}
+            "compensations": {"payment": refund_compensation(client)},
+            "on_error": checkout_error_policy}

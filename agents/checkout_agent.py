@@ -37,4 +37,6 @@ def spec(settings: AgentSettings) -> AgentSpec:
         name="checkout", build=build, input_schema=CheckoutInput,
         invariants=tuple(guard["invariants"]), compensations=guard["compensations"],
         approvals={"charge_user": lambda s: int(s.get("amount", 0)) > 100_00},
+        # Hold on Stripe's transient errors so an operator can retry; unwind on the rest.
+        on_error=guard["on_error"],
         description="Charge a card with Stripe, then book the order; refund if booking fails.")
