@@ -40,6 +40,9 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])  # behind an
 # setting below is on unless the environment says otherwise; `make run` (DEBUG on) is plain HTTP.
 HTTPS_ONLY = env.bool("HTTPS_ONLY", default=not DEBUG)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS_ONLY)
+# Health checks (a load balancer, a container runtime) reach Daphne directly over plain HTTP;
+# a redirect would read as "unhealthy". /healthz says only that the app and database answer.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS_ONLY)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=HTTPS_ONLY)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS_ONLY else 0)

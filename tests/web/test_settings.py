@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 from pytest_django import DjangoAssertNumQueries
 
 from tests.web.conftest import ROOT, ManagePy
@@ -29,6 +29,15 @@ def test_it_answers_healthz_after_asking_the_database(
         response = client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"ok": True}
+
+
+@pytest.mark.django_db
+def test_it_answers_healthz_over_plain_http_when_https_only() -> None:
+    # A load balancer's health check talks plain HTTP to Daphne; everything else is redirected.
+    with override_settings(SECURE_SSL_REDIRECT=True):
+        client = Client()  # made here: middleware reads the settings when it is loaded
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/admin/").status_code == 301
 
 
 def test_it_passes_manage_py_check_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> None:
