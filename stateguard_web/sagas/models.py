@@ -7,26 +7,31 @@ Statuses are ``TextChoices`` backed by a ``CheckConstraint``; the rules that mus
 from __future__ import annotations
 
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from stateguard import records as core
+
 
 def _status_check(name: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
     return models.CheckConstraint(condition=Q(status__in=choices.values), name=name)
 
 
-class RunStatus(models.TextChoices):
-    PENDING = "pending"  # submitted, waiting for a worker
-    RUNNING = "running"
-    PAUSED = "paused"  # waiting for an operator's approval
-    FAILED = "failed"  # held for an operator: retry or compensate
-    SUCCEEDED = "succeeded"
-    COMPENSATING = "compensating"
-    COMPENSATED = "compensated"
-    NEEDS_ATTENTION = "needs_attention"
+def _choices(name: str, statuses: type[StrEnum]) -> type[models.TextChoices]:
+    """Django choices made from the core's statuses, so that there is one list of them (the
+    core's, whose meaning and transitions ``stateguard.lifecycle`` defines). The labels are the
+    ones Django makes from the names ("Needs Attention")."""
+    return models.TextChoices(name, [(s.name, s.value) for s in statuses])  # type: ignore[return-value]
+
+
+RunStatus = _choices("RunStatus", core.RunStatus)
+StepStatus = _choices("StepStatus", core.StepStatus)
+CompensationStatus = _choices("CompensationStatus", core.CompensationStatus)
+ApprovalStatus = _choices("ApprovalStatus", core.ApprovalStatus)
 
 
 class Run(models.Model):
@@ -42,6 +47,9 @@ class Run(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fencing_token = models.PositiveBigIntegerField(default=0)
+    # When the sweeper last handed the run to a worker (lost, or its worker dead): it does so
+    # at most once per lease period, however long the queue takes to get to it.
+    requeued_at = models.DateTimeField(null=True, blank=True)
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                      on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -68,13 +76,6 @@ class Run(models.Model):
     def thread_id(self) -> str:
         """The LangGraph thread and the saga journal's run id."""
         return str(self.code)
-
-
-class StepStatus(models.TextChoices):
-    STARTED = "started"  # in doubt if its worker died
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    VIOLATED = "violated"
 
 
 class Step(models.Model):
@@ -108,14 +109,6 @@ class Step(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node} ({self.status})"
-
-
-class CompensationStatus(models.TextChoices):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    NOTHING_TO_UNDO = "nothing_to_undo"
-    FAILED = "failed"
-    SKIPPED_IN_DOUBT = "skipped_in_doubt"
 
 
 class Compensation(models.Model):
@@ -154,12 +147,6 @@ class CompensationAttempt(models.Model):
         ordering = ["compensation", "number"]
         constraints = [models.UniqueConstraint(fields=["compensation", "number"],
                                                name="sagas_attempt_unique_number")]
-
-
-class ApprovalStatus(models.TextChoices):
-    PENDING = "pending"
-    APPROVED = "approved"
-    REJECTED = "rejected"
 
 
 class Approval(models.Model):

@@ -11,9 +11,12 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.utils import timezone
 from pydantic import ValidationError
 
-from stateguard_web.sagas import runtime, tasks
+from stateguard import lifecycle
+from stateguard.lifecycle import Action
+from stateguard_web.sagas import runtime, selectors, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Run
 
 
@@ -84,6 +87,22 @@ def _locked(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
+def _deciding(run: Run) -> bool:
+    """Whether the run waits for a worker to carry out a decision taken on its approval."""
+    return selectors.approvals_awaiting_worker().filter(run=run).exists()
+
+
+def _allowed(action: Action, run: Run) -> None:
+    """Refuse ``action`` with the state machine's reason (the API's 409, the page's message)."""
+    why = lifecycle.refusal(action, run.status, run=str(run.code),
+                            deciding=action in _DECISIONS and _deciding(run))
+    if why is not None:
+        raise ActionNotAllowed(why)
+
+
+_DECISIONS = frozenset({Action.APPROVE, Action.REJECT, Action.COMPENSATE})
+
+
 def _pending(run: Run, node: str | None) -> Approval:
     pending = run.approvals.filter(status=Approval.Status.PENDING)
     if node:
@@ -95,19 +114,26 @@ def _pending(run: Run, node: str | None) -> Approval:
     return approvals[0]
 
 
-def _paused(run: Run) -> None:
-    if run.status != Run.Status.PAUSED:
-        raise ActionNotAllowed(f"run {run.code} is {run.status}; only a paused run waits for "
-                               "a decision")
+def _decide(run: Run, by: AbstractBaseUser | str, node: str | None,
+            decision: Approval.Status, reason: str = "") -> Approval:
+    """Decide the run's pending approval here, in the operator's transaction: of two decisions
+    a moment apart, only the first finds it pending (the run's row lock orders them, and the
+    update is conditional all the same). A worker then carries the decision out."""
+    approval = _pending(run, node)
+    decided = Approval.objects.filter(pk=approval.pk, status=Approval.Status.PENDING).update(
+        status=decision, decided_by=_actor(by), reason=reason, decided_at=timezone.now())
+    if not decided:
+        raise ActionNotAllowed(f"the approval of {approval.node!r} was already decided")
+    tasks.run_carry_out.delay_on_commit(run.pk, approval.step_id)
+    return approval
 
 
 @transaction.atomic
 def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None) -> Run:
     run = _locked(run)
-    _paused(run)
-    approval = _pending(run, node)
-    _audit(run, by, "run.approved", node=approval.node)
-    tasks.run_resume.delay_on_commit(run.pk, _actor(by), approval.node)
+    _allowed(Action.APPROVE, run)
+    approval = _decide(run, by, node, Approval.Status.APPROVED)
+    _audit(run, by, "run.approved", node=approval.node, step_id=approval.step_id)
     return run
 
 
@@ -115,33 +141,27 @@ def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None
 def run_reject(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
                reason: str = "") -> Run:
     run = _locked(run)
-    _paused(run)
     reason = _text(reason, "reason")
-    approval = _pending(run, node)
-    _audit(run, by, "run.rejected", node=approval.node, reason=reason)
-    tasks.run_reject.delay_on_commit(run.pk, _actor(by), approval.node, reason)
+    _allowed(Action.REJECT, run)
+    approval = _decide(run, by, node, Approval.Status.REJECTED, reason)
+    _audit(run, by, "run.rejected", node=approval.node, step_id=approval.step_id,
+           reason=reason)
     return run
 
 
 @transaction.atomic
 def run_retry(*, run: Run, by: AbstractBaseUser | str) -> Run:
     run = _locked(run)
-    if run.status != Run.Status.FAILED:
-        raise ActionNotAllowed(f"run {run.code} is {run.status}; only a failed run is retried")
-    _audit(run, by, "run.retried")
+    _allowed(Action.RETRY, run)
+    _audit(run, by, "run.retry_requested")
     tasks.run_retry.delay_on_commit(run.pk, _actor(by))
     return run
-
-
-COMPENSABLE = frozenset({Run.Status.PAUSED, Run.Status.FAILED, Run.Status.NEEDS_ATTENTION,
-                         Run.Status.SUCCEEDED})
 
 
 @transaction.atomic
 def run_compensate(*, run: Run, by: AbstractBaseUser | str) -> Run:
     run = _locked(run)
-    if run.status not in COMPENSABLE:
-        raise ActionNotAllowed(f"run {run.code} is {run.status}; it cannot be compensated now")
+    _allowed(Action.COMPENSATE, run)
     _audit(run, by, "run.compensate_requested")
     tasks.run_compensate.delay_on_commit(run.pk, _actor(by))
     return run
@@ -151,9 +171,13 @@ def run_compensate(*, run: Run, by: AbstractBaseUser | str) -> Run:
 def run_resolve_by_hand(*, run: Run, by: AbstractBaseUser | str, note: str) -> Run:
     """An operator undid what StateGuard could not (for example a refund made by hand)."""
     run = _locked(run)
-    if run.status != Run.Status.NEEDS_ATTENTION:
-        raise ActionNotAllowed(f"run {run.code} is {run.status}; only a run that needs "
-                               "attention is resolved by hand")
+    _allowed(Action.RESOLVE, run)
+    if run.lease_owner and run.lease_expires_at and run.lease_expires_at > timezone.now():
+        # A worker took the run up (an operator's "compensate", say) and is acting on it; it
+        # checked the status under its lease, so settling the run under it now would be
+        # overwritten by what it does next.
+        raise ActionNotAllowed(f"run {run.code} is being worked on right now; try again when "
+                               "the worker is done")
     note = _text(note, "note")
     if not note.strip():
         raise ActionNotAllowed("say what was done by hand")

@@ -3,7 +3,9 @@
 ``run_execute`` backs off when another worker holds the run: that worker is running it, or the
 sweeper hands the run to recovery once its lease expires. An operator's action on a locked run
 (the pausing worker has not let go yet, or another action is running) is retried a little
-later instead of being dropped.
+later instead of being dropped. Whether an action still fits the run is decided by the guard,
+under the run's lease (``stateguard.lifecycle``); when it no longer does, the audit trail says
+so.
 """
 
 from __future__ import annotations
@@ -18,24 +20,33 @@ from typing import Any
 from celery import Task, shared_task
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
+from stateguard.lifecycle import LIVE
+from stateguard_web.sagas import selectors
 from stateguard_web.sagas.journal import LeaseLost
-from stateguard_web.sagas.models import AuditEvent, Run
+from stateguard_web.sagas.models import Approval, AuditEvent, Run
 
 logger = logging.getLogger("stateguard.tasks")
 _ACTION_RETRY = {"countdown": 2, "max_retries": 60}  # two minutes of a busy run
+GuardAction = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 
-def _with_guard(run: int | Run, action: Callable[[Any, Any, dict[str, Any], Run], Any],
-                task: Task | None = None) -> None:
+def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *,
+                request: str = "", by: str = "") -> None:
+    """Run ``action`` with the run's guard. ``request`` names an operator's request (made by
+    ``by``) that the guard may refuse under the lease: the refusal is audited."""
     from stateguard_web.sagas.runtime import config_for, guard_for
 
     if not isinstance(run, Run):
         run = Run.objects.get(pk=run)
-    guard, graph, _ = guard_for(run.agent)
+    try:
+        guard, graph, _ = guard_for(run.agent)
+    except KeyError:
+        _park_unknown_agent(run)
+        return
     try:
         action(guard, graph, config_for(run.thread_id), run)
     except SagaAborted as exc:  # unwound and journaled; nothing more to do here
@@ -47,8 +58,33 @@ def _with_guard(run: int | Run, action: Callable[[Any, Any, dict[str, Any], Run]
             logger.info("run %s is held by another worker; backing off", run.code)
             return
         raise task.retry(exc=exc, **_ACTION_RETRY) from exc
-    except InvalidRunState as exc:  # a duplicate delivery of an action already done
+    except InvalidRunState as exc:  # the run moved on since the request, or a duplicate
         logger.info("run %s: %s", run.code, exc)
+        if request:
+            AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
+                                      data={"request": request, "requested_by": by,
+                                            "reason": str(exc)})
+
+
+def _park_unknown_agent(run: Run) -> None:
+    """A run of an agent this deployment does not offer (removed, renamed, or not enabled here)
+    can never be run by a worker: re-queuing it would fail for ever. It needs a person."""
+    from stateguard_web.sagas.runtime import agent_names
+
+    now = timezone.now()
+    message = (f"agent {run.agent!r} is not offered by this deployment (it offers "
+               f"{', '.join(agent_names())}); the run cannot go on without it")
+    with transaction.atomic():
+        parked = Run.objects.filter(
+            Q(lease_owner="") | Q(lease_expires_at__lt=now), pk=run.pk,
+            status__in=[Run.Status.PENDING, *LIVE, Run.Status.PAUSED, Run.Status.FAILED],
+        ).update(status=Run.Status.NEEDS_ATTENTION, updated_at=now, lease_owner="",
+                 lease_expires_at=None, fencing_token=F("fencing_token") + 1,
+                 error={"type": "UnknownAgent", "message": message, "traceback": ""})
+        if parked:
+            AuditEvent.objects.create(run=run, actor="worker", action="run.agent_unknown",
+                                      data={"agent": run.agent, "message": message})
+    logger.error("run %s: %s", run.code, message)
 
 
 @shared_task(acks_late=True)
@@ -71,36 +107,36 @@ def run_execute(run_pk: int) -> None:
 
 
 @shared_task(acks_late=True, bind=True)
-def run_resume(self: Task, run_pk: int, by: str, node: str) -> None:
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.approve(graph, config, by=by,
-                                                                        node=node), self)
+def run_carry_out(self: Task, run_pk: int, step_id: str) -> None:
+    """Carry out the decision an operator took on an approval (the service decided it)."""
+    approval = Approval.objects.filter(run_id=run_pk, step_id=step_id).first()
+    if approval is None or approval.status == Approval.Status.PENDING:
+        logger.warning("run %s: no decided approval for step %s", run_pk, step_id)
+        return
+    by = approval.decided_by
 
+    def carry_out(guard: Any, graph: Any, config: dict[str, Any], run: Run) -> None:
+        if approval.status == Approval.Status.APPROVED:
+            guard.approve(graph, config, by=by, step_id=step_id)
+        else:
+            guard.reject(graph, config, by=by, step_id=step_id, reason=approval.reason)
 
-@shared_task(acks_late=True, bind=True)
-def run_reject(self: Task, run_pk: int, by: str, node: str, reason: str) -> None:
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.reject(
-        graph, config, by=by, node=node, reason=reason), self)
+    _with_guard(run_pk, carry_out, self, request=f"{approval.status} {approval.node}", by=by)
 
 
 @shared_task(acks_late=True, bind=True)
 def run_retry(self: Task, run_pk: int, by: str) -> None:
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.retry(graph, config), self)
+    _with_guard(run_pk, lambda guard, graph, config, run: guard.retry(graph, config), self,
+                request="retry", by=by)
 
 
 @shared_task(acks_late=True, bind=True)
 def run_compensate(self: Task, run_pk: int, by: str) -> None:
-    from stateguard_web.sagas.services import COMPENSABLE
-
-    def compensate(guard: Any, graph: Any, config: dict[str, Any], run: Run) -> None:
-        if run.status in (Run.Status.RUNNING, Run.Status.COMPENSATING):
-            raise RunLocked(run.thread_id)  # someone is on it: ask again when they are done
-        # The run may have moved on since the operator asked (resolved by hand, say).
-        if run.status not in COMPENSABLE:
-            logger.info("run %s is %s now; not compensating", run.code, run.status)
-            return
-        guard.compensate(graph, config, by=by)
-
-    _with_guard(run_pk, compensate, self)
+    # The guard checks the status under the lease: a run resolved by hand (or retried) since
+    # the operator asked is refused there, not overwritten. A run a worker holds (running,
+    # compensating) raises RunLocked: asked again once that worker is done.
+    _with_guard(run_pk, lambda guard, graph, config, run: guard.compensate(graph, config, by=by),
+                self, request="compensate", by=by)
 
 
 @shared_task(acks_late=True)
@@ -150,22 +186,41 @@ def _requeue_if_never_started(run_pk: int) -> bool:
     return True
 
 
+def _due(runs: QuerySet[Run], now: datetime) -> list[int]:
+    """The runs of ``runs`` not handed to a worker within the last lease period, marked as
+    handed now. However long the queue takes to reach them, a run is queued once per lease
+    period at most (a sweep every few seconds would otherwise queue it again each time)."""
+    lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
+    with transaction.atomic():
+        pks = list(runs.filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=now - lease))
+                   .select_for_update(skip_locked=True).values_list("pk", flat=True))
+        Run.objects.filter(pk__in=pks).update(requeued_at=now)
+    return pks
+
+
 @shared_task(acks_late=True)
 def sweep_expired_leases() -> int:
-    """Find live runs whose worker stopped renewing its lease, and hand them to recovery.
-
-    Also re-queues runs submitted long ago that no worker claimed (a lost broker message)."""
+    """Hand to another worker what no worker is doing: live runs whose worker stopped renewing
+    its lease (to recovery), runs submitted long ago that no worker claimed, and decisions on
+    approvals that no worker carried out (their messages were lost)."""
     now = timezone.now()
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
-    dead = Run.objects.filter(_abandoned(now), status__in=[
-        Run.Status.RUNNING, Run.Status.COMPENSATING]).values_list("pk", flat=True)
-    found = 0
-    # Messages expire, so that a backlog of sweeps does not pile up duplicates in the queue.
+    # Messages expire too, so that sweeps piling up while the workers are down do not leave
+    # a burst of duplicates behind.
     expires = 5 * settings.STATEGUARD_SWEEP_SECONDS
+    dead = _due(Run.objects.filter(_abandoned(now), status__in=list(LIVE)), now)
     for pk in dead:
         run_recover.apply_async((pk,), expires=expires)
-        found += 1
-    for pk in Run.objects.filter(status=Run.Status.PENDING,
-                                 created_at__lt=now - 6 * lease).values_list("pk", flat=True):
+    lost = _due(Run.objects.filter(status=Run.Status.PENDING, created_at__lt=now - 6 * lease),
+                now)
+    for pk in lost:
         run_execute.apply_async((pk,), expires=expires)
-    return found
+    stalled = selectors.approvals_awaiting_worker().filter(decided_at__lt=now - lease)
+    decided = dict(stalled.values_list("run_id", "step_id"))
+    undone = _due(Run.objects.filter(pk__in=list(decided)), now)
+    for pk in undone:
+        run_carry_out.apply_async((pk, decided[pk]), expires=expires)
+    if dead or lost or undone:  # log what it found, not that it looked
+        logger.info("sweep: %d runs to recovery %s, %d lost runs queued again %s, %d decisions "
+                    "to carry out %s", len(dead), dead, len(lost), lost, len(undone), undone)
+    return len(dead)

@@ -66,7 +66,7 @@ class ActionTests(TestCase):
         assert printed == f"approved run {self.code}: a worker resumes it"
         event = AuditEvent.objects.get(run=self.run)
         assert (event.actor, event.action, event.data) == (
-            f"cli:{getpass.getuser()}", "run.approved", {"node": "charge_user"})
+            f"cli:{getpass.getuser()}", "run.approved", {"node": "charge_user", "step_id": "t1"})
         # One task for a worker, sent once the approval committed.
         assert self.for_this_run(messages) == 1
 
@@ -79,7 +79,8 @@ class ActionTests(TestCase):
         assert self.for_this_run(messages) == 1
         event = AuditEvent.objects.get(run=self.run)
         assert (event.actor, event.action, event.data) == (
-            "alice", "run.rejected", {"node": "charge_user", "reason": "amount too high"})
+            "alice", "run.rejected",
+            {"node": "charge_user", "step_id": "t1", "reason": "amount too high"})
 
     def test_it_refuses_a_reject_without_a_reason_and_a_user_nobody_has(self) -> None:
         self.wait_for_approval()
@@ -101,7 +102,7 @@ class ActionTests(TestCase):
             assert command("compensate", self.code).startswith(f"compensating run {self.code}")
         assert self.for_this_run(messages) == 2
         assert list(AuditEvent.objects.order_by("pk").values_list("action", flat=True)) == [
-            "run.retried", "run.compensate_requested"]
+            "run.retry_requested", "run.compensate_requested"]
 
     def test_it_refuses_to_retry_a_succeeded_run_with_the_services_message(self) -> None:
         self.run.status = Run.Status.SUCCEEDED

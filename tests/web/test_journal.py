@@ -139,3 +139,15 @@ def test_it_never_renews_a_lease_that_was_released_or_taken_over() -> None:
     with pytest.raises(LeaseLost):
         stalled.step_start(code, "t9", "charge")
     assert Run.objects.get(code=code).lease_owner == ""
+
+
+def test_it_takes_every_status_list_from_the_core() -> None:
+    from stateguard import records
+
+    pairs = [(Run.Status, records.RunStatus), (Step.Status, records.StepStatus),
+             (Compensation.Status, records.CompensationStatus),
+             (Approval.Status, records.ApprovalStatus)]
+    for choices, statuses in pairs:
+        assert choices.values == [s.value for s in statuses]
+    check = next(c for c in Run._meta.constraints if c.name == "sagas_run_status_valid")
+    assert sorted(check.condition.children[0][1]) == sorted(s.value for s in records.RunStatus)

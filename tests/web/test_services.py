@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django.test import TestCase
+from django.utils import timezone
 
 from stateguard_web.sagas import services
-from stateguard_web.sagas.models import Approval, AuditEvent, Run
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 
 
 class SubmitTests(TestCase):
@@ -54,15 +56,28 @@ class ActionTests(TestCase):
     def setUp(self) -> None:
         self.run = Run.objects.create(agent="checkout", status=Run.Status.PAUSED)
 
-    def test_it_audits_an_approval_and_queues_the_resume(self) -> None:
-        Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
-                                requested_at=self.run.created_at)
+    def test_it_decides_an_approval_audits_it_and_queues_its_carrying_out(self) -> None:
+        approval = Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
+                                           requested_at=self.run.created_at)
         with self.captureOnCommitCallbacks() as callbacks:
             services.run_approve(run=self.run, by="bob")
         assert len(callbacks) == 1
         event = AuditEvent.objects.get(run=self.run)
-        assert (event.actor, event.action, event.data) == ("bob", "run.approved",
-                                                           {"node": "charge_user"})
+        assert (event.actor, event.action, event.data) == (
+            "bob", "run.approved", {"node": "charge_user", "step_id": "t1"})
+        approval.refresh_from_db()
+        assert (approval.status, approval.decided_by) == ("approved", "bob")
+
+    def test_it_holds_back_other_decisions_until_a_worker_carries_one_out(self) -> None:
+        Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
+                                requested_at=self.run.created_at)
+        with self.captureOnCommitCallbacks():  # the worker has not carried it out yet
+            services.run_approve(run=self.run, by="bob")
+        for action in (services.run_approve, services.run_reject, services.run_compensate):
+            with self.subTest(action=action.__name__), \
+                    pytest.raises(services.ActionNotAllowed, match="carry out the decision"):
+                action(run=self.run, by="carol")
+        assert AuditEvent.objects.filter(run=self.run).count() == 1
 
     def test_it_refuses_actions_that_do_not_fit_the_run(self) -> None:
         with pytest.raises(services.ActionNotAllowed, match="0 pending approvals"):
@@ -105,6 +120,38 @@ class ActionTests(TestCase):
         self.run.refresh_from_db()
         assert self.run.status == Run.Status.COMPENSATED
         assert not self.run.compensations.exists()
+        refused = AuditEvent.objects.get(run=self.run, action="run.request_refused")
+        assert refused.data["request"] == "compensate" and "is compensated" in refused.data[
+            "reason"]
+
+    def test_it_checks_a_compensation_request_under_the_lease(self) -> None:
+        # The operator's "resolve by hand" commits after the worker read the run and before it
+        # took the lease: the unwind must not run the failed compensation again over it.
+        from stateguard_web.sagas import runtime, tasks
+
+        self.run.agent, self.run.status = "provision", Run.Status.NEEDS_ATTENTION
+        self.run.save()
+        step = Step.objects.create(run=self.run, step_id="s1", node="create_workspace",
+                                   status="succeeded", done_seq=1, started_at=timezone.now(),
+                                   state_after={"name": "web-1"})
+        failed = Compensation.objects.create(run=self.run, step=step, node="create_workspace",
+                                             idempotency_key="k1", status="failed")
+        with self.captureOnCommitCallbacks():
+            services.run_compensate(run=self.run, by="dave")
+        journal = runtime.journal()
+        take_lease = journal.lock_acquire
+
+        def resolved_just_before(run_id: str, owner: str, ttl: float) -> bool:
+            services.run_resolve_by_hand(run=self.run, by="carol", note="deleted by hand")
+            return take_lease(run_id, owner, ttl)
+
+        with mock.patch.object(journal, "lock_acquire", resolved_just_before):
+            tasks.run_compensate.apply(args=(self.run.pk, "dave"))
+        self.run.refresh_from_db()
+        failed.refresh_from_db()
+        assert self.run.status == Run.Status.COMPENSATED
+        assert (failed.status, failed.attempts.count()) == ("failed", 0)  # not run again
+        assert AuditEvent.objects.filter(run=self.run, action="run.request_refused").exists()
 
     def test_it_resolves_a_run_by_hand_with_a_note(self) -> None:
         self.run.status = Run.Status.NEEDS_ATTENTION
@@ -134,7 +181,7 @@ class CommandTests(TestCase):
             call_command("submit_run", "nope")
         with pytest.raises(CommandError, match=r"name: String should match"):
             call_command("submit_run", "provision", "--input", '{"name": "NO"}')
-        with pytest.raises(CommandError, match="no run"):
+        with pytest.raises(CommandError, match="not a run id"):
             call_command("run_status", "not-a-uuid")
         assert not Run.objects.exists()
 

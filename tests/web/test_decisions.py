@@ -1,0 +1,130 @@
+"""Approvals are decided in the operator's request, once; a worker carries the decision out."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from django.test import TestCase, TransactionTestCase
+from django.utils import timezone
+
+from stateguard_web.sagas import services, tasks
+from stateguard_web.sagas.models import Approval, AuditEvent, Run
+
+
+def queued_tasks() -> list[str]:
+    """The names of the tasks waiting in the broker's default queue."""
+    import json
+
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    return [json.loads(m)["headers"]["task"].rsplit(".", 1)[-1]
+            for m in broker.lrange("celery", 0, -1)]
+
+
+class ConcurrentDecisionTests(TransactionTestCase):
+    def setUp(self) -> None:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+        self.run = Run.objects.create(agent="checkout", status=Run.Status.PAUSED)
+        self.approval = Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
+                                                requested_at=timezone.now())
+
+    def test_it_accepts_exactly_one_of_twenty_concurrent_decisions(self) -> None:
+        start = threading.Barrier(20)
+        accepted: list[str] = []
+        refused: list[str] = []
+
+        def decide(i: int) -> None:
+            who = f"op{i}"
+            try:
+                start.wait()
+                if i % 2:
+                    services.run_approve(run=self.run, by=who)
+                else:
+                    services.run_reject(run=self.run, by=who, reason="no")
+                accepted.append(who)
+            except services.ActionNotAllowed as exc:
+                refused.append(str(exc))
+            finally:
+                connection.close()  # each thread has a connection of its own
+
+        threads = [threading.Thread(target=decide, args=(i,)) for i in range(20)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+
+        assert len(accepted) == 1 and len(refused) == 19
+        (winner,) = accepted
+        self.approval.refresh_from_db()
+        assert self.approval.decided_by == winner
+        assert self.approval.status == ("approved" if int(winner[2:]) % 2 else "rejected")
+        decisions = AuditEvent.objects.filter(run=self.run,
+                                              action__in=["run.approved", "run.rejected"])
+        assert [e.actor for e in decisions] == [winner]  # the trail says what really happened
+        assert queued_tasks() == ["run_carry_out"]
+
+
+class SweeperTests(TestCase):
+    def setUp(self) -> None:
+        redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+
+    def test_it_queues_a_lost_run_once_per_lease_period(self) -> None:
+        long_ago = timezone.now() - timedelta(hours=1)
+        lost = Run.objects.create(agent="provision", input={"name": "x"})
+        Run.objects.create(agent="provision", status=Run.Status.RUNNING,
+                                  lease_owner="w1", lease_expires_at=long_ago)
+        Run.objects.filter(pk=lost.pk).update(created_at=long_ago)
+
+        for _ in range(5):  # a sweep every few seconds, while no worker gets to the queue
+            tasks.sweep_expired_leases()
+        assert sorted(queued_tasks()) == ["run_execute", "run_recover"]
+
+        Run.objects.update(requeued_at=timezone.now() - timedelta(
+            seconds=settings.STATEGUARD_LEASE_SECONDS + 1))  # a lease period later
+        tasks.sweep_expired_leases()
+        assert sorted(queued_tasks()) == ["run_execute", "run_execute", "run_recover",
+                                          "run_recover"]
+
+    def test_it_queues_again_a_decision_no_worker_carried_out(self) -> None:
+        run = Run.objects.create(agent="checkout", status=Run.Status.PAUSED)
+        Approval.objects.create(run=run, step_id="t1", node="charge_user", status="approved",
+                                decided_by="bob", requested_at=timezone.now(),
+                                decided_at=timezone.now() - timedelta(minutes=5))
+        tasks.sweep_expired_leases()
+        tasks.sweep_expired_leases()
+        assert queued_tasks() == ["run_carry_out"]
+
+    def test_it_moves_a_run_of_an_unknown_agent_to_needs_attention(self) -> None:
+        run = Run.objects.create(agent="retired-agent", input={})
+        tasks.run_execute(run.pk)
+        run.refresh_from_db()
+        assert run.status == Run.Status.NEEDS_ATTENTION
+        assert run.error["type"] == "UnknownAgent" and "'retired-agent'" in run.error["message"]
+        assert AuditEvent.objects.filter(run=run, action="run.agent_unknown").exists()
+        tasks.sweep_expired_leases()
+        assert queued_tasks() == []  # not queued again, for ever
+
+
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_it_carries_out_the_decision_with_the_agent_graph(
+        decision: str, transactional_db: None, settings: Any, localstripe_url: str) -> None:
+    settings.STRIPE_API_BASE = localstripe_url
+    run = services.run_submit(agent="checkout",
+                              input={"email": "a@b.co", "amount": 25000, "fail_booking": False})
+    tasks.run_execute(run.pk)  # above 100.00: the charge waits for an approval
+    run.refresh_from_db()
+    assert run.status == Run.Status.PAUSED
+    if decision == "approve":
+        services.run_approve(run=run, by="alice")
+    else:
+        services.run_reject(run=run, by="bob", reason="looks like fraud")
+    (approval,) = run.approvals.all()
+    tasks.run_carry_out(run.pk, approval.step_id)  # as a worker would, from the queue
+    run.refresh_from_db()
+    assert run.status == ("succeeded" if decision == "approve" else "compensated")
+    assert run.steps.filter(node="charge_user").exists() == (decision == "approve")
