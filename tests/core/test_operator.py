@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import pytest
 
 from stateguard import (
     ApprovalStatus,
     Event,
+    InMemoryJournal,
     InvalidRunState,
+    RunLocked,
     RunStatus,
     SagaAborted,
     StateGuardCheckpointer,
@@ -158,22 +164,31 @@ def test_it_emits_events_and_survives_a_broken_listener() -> None:
     assert statuses == ["running", "compensating", "compensated"]
 
 
-def test_it_keeps_the_lease_alive_through_a_slow_node_and_stops_when_it_is_taken() -> None:
-    import threading
-    import time
-
-    from stateguard import InMemoryJournal, RunLocked
-
+def test_it_keeps_the_lease_alive_through_a_slow_node() -> None:
     effects: list[str] = []
     journal = InMemoryJournal()
-    slow = {"b": lambda s: time.sleep(0.5) or {}}
-    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.2, lease_heartbeat=0.05)
-    graph = guard.compile(line_builder(NODES, effects, slow))
+    ttl = 0.5
+    b_started, rival_tried = threading.Event(), threading.Event()
+
+    def slow_b(state: dict[str, Any]) -> dict[str, Any]:
+        b_started.set()
+        assert rival_tried.wait(timeout=60)
+        return {}
+
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=ttl, lease_heartbeat=0.05)
+    graph = guard.compile(line_builder(NODES, effects, {"b": slow_b}))
     seen: list[bool] = []
 
     def rival() -> None:
-        time.sleep(0.35)  # longer than the ttl: only the heartbeat keeps the lease
+        assert b_started.wait(timeout=60)
+        first = journal.run_get("hb")
+        assert first is not None
+        # Until the lease taken before b would have run out twice over: only the heartbeat's
+        # renewals can have kept it.
+        while time.time() < first.lock_expires + 2 * ttl:
+            time.sleep(0.02)
         seen.append(journal.lock_acquire("hb", "rival", 5.0))
+        rival_tried.set()
 
     thread = threading.Thread(target=rival)
     thread.start()
@@ -181,50 +196,60 @@ def test_it_keeps_the_lease_alive_through_a_slow_node_and_stops_when_it_is_taken
     thread.join()
     assert seen == [False] and effects == ["a", "b", "c"]
 
-    # A worker cut off long enough for its lease to be taken over (simulated by overwriting the
-    # lock) stops before its next node.
-    effects.clear()
-    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.2, lease_heartbeat=0.05)
-    graph = guard.compile(line_builder(NODES, effects, slow))
 
-    def take_over() -> None:
-        time.sleep(0.2)
-        run = journal._runs["hb2"]
-        run.lock_owner, run.lock_expires = "rival", time.time() + 60
+def test_it_stops_before_the_next_node_once_its_lease_was_taken() -> None:
+    # A worker cut off long enough for its lease to be taken over (simulated by a rival taking
+    # the live lease) stops before its next node.
+    effects: list[str] = []
+    journal = InMemoryJournal()
+    ttl = 0.2
 
-    thread = threading.Thread(target=take_over)
-    thread.start()
+    def b_while_taken_over(state: dict[str, Any]) -> dict[str, Any]:
+        run = journal.run_get("hb2")
+        assert run is not None and run.lock_owner is not None
+        journal.lock_release("hb2", run.lock_owner)
+        assert journal.lock_acquire("hb2", "rival", 60)
+        # Half a lease without a successful renewal: however the heartbeat thread is
+        # scheduled, the worker then checks its lease itself before the next body.
+        time.sleep(ttl / 2 + 0.01)
+        return {}
+
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=ttl, lease_heartbeat=0.05)
+    graph = guard.compile(line_builder(NODES, effects, {"b": b_while_taken_over}))
     with pytest.raises(RunLocked):
         guard.invoke(graph, {}, config("hb2"))
-    thread.join()
     assert effects == ["a", "b"]  # c never ran, and nothing was unwound by the loser
     assert guard.status("hb2").compensations == []
 
 
 def test_a_stalled_worker_checks_its_lease_before_the_next_node() -> None:
-    """A whole process that stalls (a long pause, a frozen VM) stalls its heartbeat too: when
-    it wakes, its lease may have run out and been taken. It must not run the next body on the
-    word of a heartbeat that has not renewed for half a lease."""
-    import threading
-    import time
-
-    from stateguard import InMemoryJournal, RunLocked
-
+    """A whole process that stalls (a long pause, a frozen VM, the journal out of reach) cannot
+    renew its lease: when it wakes, its lease may have run out and been taken. It must not run
+    the next body on the word of a heartbeat that has not renewed for half a lease."""
     effects: list[str] = []
-    journal = InMemoryJournal()
-    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.3, lease_heartbeat=0.1)
-    guard.core._heartbeat = lambda: None  # type: ignore[method-assign]  # stalled with the rest
-    stall = {"a": lambda s: time.sleep(0.5) or {}}
-    graph = guard.compile(line_builder(NODES, effects, stall))
+    frozen = threading.Event()
+    frozen.set()
+
+    class Unreachable(InMemoryJournal):
+        def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
+            if frozen.is_set():
+                raise ConnectionError("the journal is out of reach")
+            return super().lock_renew(run_id, owner, ttl)
+
+    journal = Unreachable()
     taken: list[bool] = []
 
-    def rival() -> None:
-        time.sleep(0.4)  # the stalled worker's lease ran out at 0.3 s
+    def stalled_a(state: dict[str, Any]) -> dict[str, Any]:
+        run = journal.run_get("stall")
+        assert run is not None
+        while time.time() <= run.lock_expires:  # the stalled worker's lease runs out
+            time.sleep(0.02)
         taken.append(journal.lock_acquire("stall", "rival", 60))
+        frozen.clear()  # the worker wakes up
+        return {}
 
-    thread = threading.Thread(target=rival)
-    thread.start()
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=0.3, lease_heartbeat=0.1)
+    graph = guard.compile(line_builder(NODES, effects, {"a": stalled_a}))
     with pytest.raises(RunLocked):
         guard.invoke(graph, {}, config("stall"))
-    thread.join()
     assert taken == [True] and effects == ["a"]  # b never ran in the worker that lost the run

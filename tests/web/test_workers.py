@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
+from typing import Any
 
 from stateguard_web.sagas import services, tasks
-from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 from tests.web.conftest import Workers, effects, wait_for
 
 DONE = {Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION}
@@ -15,6 +17,18 @@ DONE = {Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION
 def finished(run: Run) -> Run | None:
     run.refresh_from_db()
     return run if run.status in DONE else None
+
+
+def next_nodes(run: Run) -> tuple[str, ...]:
+    """The nodes the run's last saved checkpoint says run next."""
+    from stateguard_web.sagas.runtime import config_for, guard_for
+
+    return tuple(guard_for(run.agent)[1].get_state(config_for(run.thread_id)).next)
+
+
+async def receive(layer: Any, channel: str) -> dict[str, Any]:
+    """A message on the channel, or a failed test after a while: never a hang."""
+    return await asyncio.wait_for(layer.receive(channel), timeout=30)
 
 
 def test_it_executes_a_run_end_to_end(workers: Workers, sandbox: Path) -> None:
@@ -54,11 +68,10 @@ def test_it_recovers_a_run_whose_worker_was_killed(workers: Workers, sandbox: Pa
     doomed = workers.start("doomed")
     run = services.run_submit(agent="provision", input={
         "name": "api-3", "sleep_at": "allocate_port", "sleep_seconds": 60})
-    # A step's row is written with its task's checkpoint writes, once it finished: the row of
-    # write_config says the worker went on into allocate_port, where it sleeps a minute.
-    wait_for(lambda: Step.objects.filter(run=run, node="write_config").exists(), 60,
-             "the worker to finish write_config", workers.logs)
-    time.sleep(0.5)
+    # The checkpoint that names allocate_port next is saved before its body starts (sync
+    # durability), and the body sleeps a minute before its effect: kill the worker there.
+    wait_for(lambda: next_nodes(run) == ("allocate_port",), 60,
+             "the worker to go on into allocate_port", workers.logs)
     workers.kill(doomed)
     killed_at = time.time()
     workers.start("rescuer", beat=True)
@@ -89,7 +102,9 @@ def test_it_runs_a_run_once_when_two_workers_are_handed_it(
     workers.start("w1")
     workers.start("w2")
     wait_for(lambda: finished(run), 60, "the run to finish", workers.logs)
-    time.sleep(1.5)  # give the duplicate every chance to run
+    # Both deliveries were taken up and are done: nothing can run after this.
+    wait_for(lambda: workers.logs().count("run_execute[") >= 4, 60,
+             "both deliveries to be received and done", workers.logs)
 
     assert run.status == Run.Status.SUCCEEDED
     assert sorted(effects(sandbox)) == sorted([
@@ -118,7 +133,7 @@ def test_it_publishes_journal_changes_to_the_run_and_all_runs_groups(
     for group, channel in listeners.items():
         seen: list[tuple[str, str | None]] = []
         while ("run.status", None) not in seen[-1:] or len(seen) < 9:
-            message = async_to_sync(layer.receive)(channel)
+            message = async_to_sync(receive)(layer, channel)
             assert message["type"] == "run.events"
             seen += [(e["type"], e["node"]) for e in message["events"]
                      if e["run"] == str(run.code)]
