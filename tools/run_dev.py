@@ -1,5 +1,7 @@
 """`make run`: the whole app on this machine, with nothing installed but the venv.
 
+0. writes ``.env`` from ``.env.example`` if there is none, so that ``manage.py`` in another
+   terminal gets the same local settings (DEBUG on),
 1. applies migrations (SQLite under var/ unless DATABASE_URL says otherwise),
 2. creates the superuser ``admin`` with a random password if there is no superuser yet, keeps
    the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the login
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -70,6 +73,11 @@ def main() -> int:
         print(f"run_dev: port in use on 127.0.0.1: {', '.join(busy)}", file=sys.stderr)
         return 1
 
+    if not (ROOT / ".env").exists():
+        # manage.py in another terminal (submit_run, approve, ...) reads .env: give it the same
+        # local setup (DEBUG on), which it refuses to guess.
+        shutil.copyfile(ROOT / ".env.example", ROOT / ".env")
+        print("run_dev: wrote .env from .env.example (the local development settings)")
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
     # DEBUG is off unless set (settings.py); this is the local development stack, so turn it on
