@@ -64,6 +64,14 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
             AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
                                       data={"request": request, "requested_by": by,
                                             "reason": str(exc)})
+    except Exception as exc:
+        # The guard held the run for an operator (its policy says a retry may fix this error)
+        # and let the error through: that is the run's outcome, journaled, not the task's
+        # failure. Anything else is.
+        if not Run.objects.filter(pk=run.pk, status=Run.Status.FAILED).exists():
+            raise
+        logger.warning("run %s held for an operator: %s: %s", run.code, type(exc).__name__,
+                       exc)
 
 
 def _park_unknown_agent(run: Run) -> None:

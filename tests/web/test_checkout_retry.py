@@ -13,6 +13,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -141,3 +142,15 @@ def test_it_holds_a_charge_that_could_not_reach_stripe_and_charges_once_on_retry
     charges = stripe_client.v1.charges.list().data
     assert [(c.amount, c.amount_refunded) for c in charges] == [(250_00, 0)]  # exactly one
     assert len(stripe_client.v1.customers.list().data) == 1  # created once, before the outage
+
+
+def test_it_counts_a_held_run_as_the_runs_outcome_not_the_tasks_failure(
+        transactional_db: None, settings: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from stateguard_web.sagas import tasks
+
+    settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # nothing listens: Stripe is unreachable
+    run = services.run_submit(agent="checkout", input={"email": "a@b.co", "amount": 42_00})
+    tasks.run_execute(run.pk)  # as a worker would; the task itself must not fail
+    run.refresh_from_db()
+    assert run.status == Run.Status.FAILED and run.error["type"] == "APIConnectionError"
+    assert "held for an operator: APIConnectionError" in caplog.text
