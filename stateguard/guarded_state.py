@@ -18,6 +18,7 @@ from stateguard.exceptions import (
     SagaAborted,
 )
 from stateguard.journal import Journal
+from stateguard.lifecycle import Action, check, refusal
 from stateguard.records import ErrorInfo, RunStatus, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.retry import CompensationRetry
@@ -171,8 +172,11 @@ class GuardedState:
         """Unwind this run from the journal (for example from a new process after a crash)."""
         with self.core.lease(self.run_id):
             run = self.core.journal.run_get(self.run_id)
-            crashed = run is not None and run.status in (RunStatus.RUNNING,
-                                                         RunStatus.COMPENSATING)
+            status = run.status if run is not None else RunStatus.RUNNING
+            # Under the lease: a run settled meanwhile (resolved by hand, say) is refused.
+            crashed = refusal(Action.RECOVER, status) is None
+            if not crashed:
+                check(Action.COMPENSATE, status, run=self.run_id)
             self.report = self.core.unwind(self.run_id, Cause(reason), triggered_by=by,
                                            include_in_doubt=crashed,
                                            fallback_state=dict(self.state))

@@ -29,8 +29,8 @@ from enum import StrEnum
 from stateguard.exceptions import InvalidRunState
 from stateguard.records import RunStatus
 
-__all__ = ["LIVE", "SETTLED", "TRANSITIONS", "Action", "Transition", "allowed", "check",
-           "refusal"]
+__all__ = ["LIVE", "REQUESTS", "SETTLED", "TRANSITIONS", "Action", "Transition", "allowed",
+           "check", "refusal"]
 
 S = RunStatus
 
@@ -74,32 +74,36 @@ SETTLED = frozenset({S.SUCCEEDED, S.COMPENSATED, S.NEEDS_ATTENTION, S.FAILED, S.
 LIVE = TRANSITIONS[Action.RECOVER].sources
 
 
+# What an operator asks of a worker; one such request at a time per run.
+REQUESTS = frozenset({Action.APPROVE, Action.REJECT, Action.RETRY, Action.COMPENSATE,
+                      Action.RESOLVE})
+
+
 def refusal(action: Action, status: RunStatus | str, *, run: str = "",
-            deciding: bool = False) -> str | None:
+            waiting: str | None = None) -> str | None:
     """``None`` if ``action`` may happen to a run in ``status``; else why not, in words for an
     operator (``run`` names the run in the message).
 
-    ``deciding``: the run is paused, an approval of it was decided, and a worker has yet to
-    carry the decision out; no other decision, and no compensation, may overtake it."""
+    ``waiting`` describes an operator's request on the run that a worker has yet to carry out
+    ("compensate by carol"): until it is, no other request may overtake it."""
     action, status = Action(action), RunStatus(status)
     name = f"run {run} " if run else "the run "
     if status not in TRANSITIONS[action].sources:
         return f"{name}is {status}; only {TRANSITIONS[action].only}"
-    if deciding and status == S.PAUSED and action in (
-            Action.APPROVE, Action.REJECT, Action.COMPENSATE):
-        return (f"{name}is waiting for a worker to carry out the decision already taken on "
-                "its approval")
+    if waiting and action in REQUESTS:
+        return (f"{name}has a request waiting for a worker ({waiting}); try again once it is "
+                "carried out")
     return None
 
 
 def check(action: Action, status: RunStatus | str, *, run: str = "",
-          deciding: bool = False) -> None:
+          waiting: str | None = None) -> None:
     """Raise ``InvalidRunState`` with ``refusal()``'s reason if ``action`` may not happen."""
-    why = refusal(action, status, run=run, deciding=deciding)
+    why = refusal(action, status, run=run, waiting=waiting)
     if why is not None:
         raise InvalidRunState(why)
 
 
-def allowed(status: RunStatus | str, *, deciding: bool = False) -> frozenset[Action]:
+def allowed(status: RunStatus | str, *, waiting: str | None = None) -> frozenset[Action]:
     """The actions a run in ``status`` accepts now (the buttons a dashboard may show)."""
-    return frozenset(a for a in Action if refusal(a, status, deciding=deciding) is None)
+    return frozenset(a for a in Action if refusal(a, status, waiting=waiting) is None)

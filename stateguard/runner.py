@@ -71,6 +71,11 @@ def _values(graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> dict[s
         return None
 
 
+def _paused(snapshot: Any) -> set[str]:
+    """The ids of the tasks a checkpoint waits on (paused by an interrupt)."""
+    return {t.id for t in snapshot.tasks if t.interrupts}
+
+
 def _ran(task: Any) -> bool:
     """Whether a task of a checkpoint ran: LangGraph saved its writes, with no error and no
     interrupt (a task with writes has a result, ``{}`` when it wrote nothing to the state)."""
@@ -274,15 +279,14 @@ class GuardRunner:
         return None
 
     # -- operator actions -------------------------------------------------------------------
-    def _approval(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
-                  run_id: str, node: str | None, step_id: str | None,
+    def _approval(self, paused: set[str], run_id: str, node: str | None, step_id: str | None,
                   decision: ApprovalStatus, by: str | None, reason: str) -> ApprovalRecord:
-        """The approval to carry ``decision`` out on, decided now if it was pending.
+        """The approval to carry ``decision`` out on, decided now if it was pending; ``paused``
+        holds the ids of the tasks the run's last checkpoint waits on.
 
         It may have been decided already, by whoever took the decision (the web app decides in
         its request, atomically, and leaves the resuming to a worker): then it is carried out
         as decided, and a different decision is refused."""
-        paused = {t.id for t in graph.get_state(config).tasks if t.interrupts}
         matching = [a for a in self.core.journal.approvals(run_id)
                     if a.step_id in paused and node in (None, a.node)
                     and step_id in (None, a.step_id)]
@@ -318,7 +322,8 @@ class GuardRunner:
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             check(Action.APPROVE, self._run_record(run_id).status, run=run_id)
-            self._approval(graph, config, run_id, node, step_id, ApprovalStatus.APPROVED, by, "")
+            self._approval(_paused(graph.get_state(config)), run_id, node, step_id,
+                           ApprovalStatus.APPROVED, by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, None, config, {})
 
@@ -329,7 +334,8 @@ class GuardRunner:
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             check(Action.APPROVE, self._run_record(run_id).status, run=run_id)
-            self._approval(graph, config, run_id, node, step_id, ApprovalStatus.APPROVED, by, "")
+            self._approval(_paused(await graph.aget_state(config)), run_id, node, step_id,
+                           ApprovalStatus.APPROVED, by, "")
             self.core.set_status(run_id, RunStatus.RUNNING)
             return await self._arun(graph, None, config, {})
 
@@ -343,7 +349,7 @@ class GuardRunner:
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             check(Action.REJECT, self._run_record(run_id).status, run=run_id)
-            approval = self._approval(graph, config, run_id, node, step_id,
+            approval = self._approval(_paused(graph.get_state(config)), run_id, node, step_id,
                                       ApprovalStatus.REJECTED, by, reason)
             exc = ApprovalRejected(approval.node, by=approval.decided_by or by,
                                    reason=approval.reason or reason)
@@ -409,13 +415,13 @@ class GuardRunner:
           doubt, nor run again.
         - With a journal that writes step rows with the checkpoint (``defers_steps``), a step's
           row commits with its task's writes, so a task the last checkpoint still lists, with no
-          writes and no row, may have run: it is journaled started (in doubt). Its body never
-          ran if it was waiting for an approval that was not given."""
+          writes and no row, may have run: it is journaled started (in doubt). Not a task that
+          paused: it paused in a first run, whose rows travel with that pause's writes, and a
+          resumed run writes its rows before each body (so an approved step that started has
+          one)."""
         journal = self.core.journal
         steps = journal.steps(run_id)
         by_id = {s.step_id: s for s in steps}
-        approved = {a.step_id for a in journal.approvals(run_id)
-                    if a.status == ApprovalStatus.APPROVED}
         nodes = getattr(getattr(graph, "builder", None), "nodes", {})
         changed = False
         for task in graph.get_state(config).tasks:
@@ -427,7 +433,7 @@ class GuardRunner:
                     changed = True
                 continue
             if (step is not None or not getattr(journal, "defers_steps", False)
-                    or task.error is not None or (task.interrupts and task.id not in approved)):
+                    or task.error is not None or task.interrupts):
                 continue
             spec = nodes.get(task.name)
             journal.step_start(run_id, task.id, task.name,
@@ -454,7 +460,23 @@ class GuardRunner:
             self._reconcile(graph, config, run_id)
             if run.status == RunStatus.RUNNING and (resume or self._finished(graph, config)):
                 return self._resume(graph, config, run_id, force=True)
+            if run.status == RunStatus.RUNNING and self._pausing(graph, config, run_id):
+                # It died after pausing at a gate, before saying so: it waits for a decision.
+                self.core.set_status(run_id, RunStatus.PAUSED)
+                return None
             return self._compensate(graph, config, run_id, "recovery", "crash", reconcile=False)
+
+    def _pausing(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                 run_id: str) -> bool:
+        """Whether the last checkpoint waits on approval gates whose approvals are still
+        pending, every other task of it having run: the run had paused for an operator. (A
+        gate whose approval was given since is not waiting: its body may have started.)"""
+        snapshot = graph.get_state(config)
+        pending = {a.step_id for a in self.core.journal.approvals(run_id)
+                   if a.status == ApprovalStatus.PENDING}
+        gates = [t for t in snapshot.tasks if t.interrupts]
+        return bool(gates) and all(t.id in pending for t in gates) and all(
+            t.interrupts or _ran(t) for t in snapshot.tasks)
 
     def _finished(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig) -> bool:
         """Whether the thread's graph has nothing left to run.

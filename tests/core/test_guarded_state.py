@@ -9,6 +9,7 @@ import pytest
 
 from stateguard import (
     GuardedState,
+    InvalidRunState,
     InvariantViolation,
     RunLocked,
     RunStatus,
@@ -103,3 +104,15 @@ async def test_it_runs_async_steps() -> None:
         async with saga:
             await saga.astep("charge", charge)
     assert log == ["undo:charge"]
+
+
+def test_it_refuses_to_compensate_a_run_already_settled() -> None:
+    log: list[str] = []
+    saga = GuardedState(run_id="g8", compensations={"a": undo(log, "a")})
+    with pytest.raises(SagaAborted), saga:
+        saga.step("a", lambda s: {"a": 1})
+        raise ValueError("b failed")
+    saga.core.journal.run_set_status("g8", RunStatus.COMPENSATED)  # resolved by hand, say
+    with pytest.raises(InvalidRunState, match="is compensated"):
+        saga.compensate(by="carol")
+    assert log == ["undo:a"]  # undone once, by the failure; not again

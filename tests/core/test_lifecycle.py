@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stateguard import ApprovalStatus, InvalidRunState, RunStatus, StateGuardCheckpointer
 from stateguard.lifecycle import TRANSITIONS, Action, allowed, check, refusal
-from tests.core.support import config, line_builder
+from tests.core.support import config, line_builder, undo
 
 
 def test_it_says_why_an_action_does_not_fit_the_status() -> None:
@@ -23,10 +25,11 @@ def test_it_names_every_status_in_some_transition() -> None:
     assert set(RunStatus) <= reachable
 
 
-def test_it_holds_back_other_decisions_while_one_is_carried_out() -> None:
+def test_it_holds_back_other_requests_while_one_waits_for_a_worker() -> None:
     assert allowed(RunStatus.PAUSED) == {Action.APPROVE, Action.REJECT, Action.COMPENSATE}
-    assert allowed(RunStatus.PAUSED, deciding=True) == frozenset()
-    assert "carry out the decision" in str(refusal(Action.COMPENSATE, "paused", deciding=True))
+    assert allowed(RunStatus.PAUSED, waiting="compensate by carol") == frozenset()
+    assert "(approve by bob)" in str(refusal(Action.COMPENSATE, "paused",
+                                             waiting="approve by bob"))
     assert allowed(RunStatus.NEEDS_ATTENTION) == {Action.COMPENSATE, Action.RESOLVE}
 
 
@@ -59,3 +62,31 @@ def test_it_checks_compensate_under_the_lease_against_the_current_status() -> No
     guard.compensate(graph, config("c"), by="carol")
     with pytest.raises(InvalidRunState, match="is compensated"):
         guard.compensate(graph, config("c"), by="carol")
+
+
+async def test_it_approves_a_run_on_an_async_saver(tmp_path: Path) -> None:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    effects: list[str] = []
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as saver:
+        guard = StateGuardCheckpointer(saver, approvals=["b"])
+        graph = guard.compile(line_builder(["a", "b"], effects))
+        out = await guard.ainvoke(graph, {}, config("async-gate"))
+        assert "__interrupt__" in out
+        await guard.aapprove(graph, config("async-gate"), by="alice")
+    assert effects == ["a", "b"]
+    assert guard.status("async-gate").run.status == RunStatus.SUCCEEDED
+
+
+def test_it_recovers_a_run_that_died_after_pausing_as_paused() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(approvals=["b"], compensations={"a": undo(effects, "a")})
+    graph = guard.compile(line_builder(["a", "b"], effects))
+    guard.invoke(graph, {}, config("died-paused"))
+    # The process died after the gate's pause was saved, before "paused" was written.
+    guard.journal.run_set_status("died-paused", RunStatus.RUNNING)
+
+    guard.recover(graph, config("died-paused"))
+    assert guard.status("died-paused").run.status == RunStatus.PAUSED  # not unwound
+    guard.approve(graph, config("died-paused"), by="alice")
+    assert effects == ["a", "b"]
