@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from stateguard import lifecycle
 from stateguard import records as core
 
 
@@ -50,6 +51,10 @@ class Run(models.Model):
     # When the sweeper last handed the run to a worker (lost, or its worker dead): it does so
     # at most once per lease period, however long the queue takes to get to it.
     requeued_at = models.DateTimeField(null=True, blank=True)
+    # The operator's request a worker has yet to carry out (approve, reject, retry or
+    # compensate): {"id", "action", "by", ...}. One at a time: see services._request.
+    request = models.JSONField(null=True, blank=True)
+    requested_at = models.DateTimeField(null=True, blank=True)
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                      on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -71,6 +76,17 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent} {self.code} ({self.status})"
+
+    @property
+    def waiting_request(self) -> str | None:
+        """The operator's request waiting for a worker, in words ("compensate by carol"), if
+        it still fits the run (a request whose worker died mid-way no longer does: recovery
+        has taken the run over)."""
+        request = self.request or {}
+        action = request.get("action")
+        if not action or lifecycle.refusal(action, self.status) is not None:
+            return None
+        return f"{action} by {request.get('by', 'someone')}"
 
     @property
     def thread_id(self) -> str:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
-
-from stateguard_web.sagas.models import Approval, Run, Step
+from stateguard_web.sagas.models import Run
 
 
 class RunNotFound(LookupError):
@@ -19,15 +17,6 @@ def run_get(*, code: str | uuid.UUID) -> Run:
         return Run.objects.get(code=uuid.UUID(str(code)))
     except (ValueError, Run.DoesNotExist) as exc:
         raise RunNotFound(f"no run {code}") from exc
-
-
-def approvals_awaiting_worker() -> QuerySet[Approval]:
-    """Decided approvals of paused runs that no worker has carried out yet: rejected ones (a
-    carried-out rejection unwinds the run), and approved ones whose step has not started."""
-    started = Step.objects.filter(run_id=OuterRef("run_id"), step_id=OuterRef("step_id"))
-    return Approval.objects.filter(
-        Q(status=Approval.Status.REJECTED) | Q(status=Approval.Status.APPROVED) & ~Exists(started),
-        run__status=Run.Status.PAUSED)
 
 
 def run_detail(*, run: Run) -> dict[str, Any]:

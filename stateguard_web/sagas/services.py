@@ -7,6 +7,7 @@ operator did, and enqueues its Celery task only once that transaction has commit
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
-from stateguard_web.sagas import runtime, selectors, tasks
+from stateguard_web.sagas import runtime, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Run
 
 
@@ -87,63 +88,74 @@ def _locked(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
-def _deciding(run: Run) -> bool:
-    """Whether the run waits for a worker to carry out a decision taken on its approval."""
-    return selectors.approvals_awaiting_worker().filter(run=run).exists()
-
-
 def _allowed(action: Action, run: Run) -> None:
     """Refuse ``action`` with the state machine's reason (the API's 409, the page's message)."""
-    why = lifecycle.refusal(action, run.status, run=str(run.code),
-                            deciding=action in _DECISIONS and _deciding(run))
+    why = lifecycle.refusal(action, run.status, run=str(run.code), waiting=run.waiting_request)
     if why is not None:
         raise ActionNotAllowed(why)
 
 
-_DECISIONS = frozenset({Action.APPROVE, Action.REJECT, Action.COMPENSATE})
+def _request(run: Run, by: AbstractBaseUser | str, action: Action, **details: str) -> None:
+    """Leave ``action`` on the run for a worker, and queue it once this transaction commits.
+
+    Until the worker has carried it out (or refused it, under the run's lease), every other
+    request is refused: two requests a moment apart (a compensate, then an approval) would
+    otherwise reach workers in either order, and the second would act on what the first left.
+    The id makes the worker's task idempotent: a duplicate delivery finds no such request."""
+    run.request = {"id": uuid.uuid4().hex, "action": str(action), "by": _actor(by), **details}
+    run.requested_at = timezone.now()
+    run.save(update_fields=["request", "requested_at"])
+    tasks.run_request.delay_on_commit(run.pk, run.request["id"])
 
 
-def _pending(run: Run, node: str | None) -> Approval:
+def _pending(run: Run, node: str | None, step_id: str | None) -> Approval:
     pending = run.approvals.filter(status=Approval.Status.PENDING)
     if node:
         pending = pending.filter(node=node)
+    if step_id:
+        pending = pending.filter(step_id=step_id)
     approvals = list(pending)
     if len(approvals) != 1:
         what = f" for node {node!r}" if node else ""
-        raise ActionNotAllowed(f"run {run.code} has {len(approvals)} pending approvals{what}")
+        what += f" for step {step_id!r}" if step_id else ""
+        hint = "; name the step_id" if len(approvals) > 1 else ""
+        raise ActionNotAllowed(
+            f"run {run.code} has {len(approvals)} pending approvals{what}{hint}")
     return approvals[0]
 
 
-def _decide(run: Run, by: AbstractBaseUser | str, node: str | None,
+def _decide(run: Run, by: AbstractBaseUser | str, node: str | None, step_id: str | None,
             decision: Approval.Status, reason: str = "") -> Approval:
     """Decide the run's pending approval here, in the operator's transaction: of two decisions
     a moment apart, only the first finds it pending (the run's row lock orders them, and the
     update is conditional all the same). A worker then carries the decision out."""
-    approval = _pending(run, node)
+    approval = _pending(run, node, step_id)
     decided = Approval.objects.filter(pk=approval.pk, status=Approval.Status.PENDING).update(
         status=decision, decided_by=_actor(by), reason=reason, decided_at=timezone.now())
     if not decided:
         raise ActionNotAllowed(f"the approval of {approval.node!r} was already decided")
-    tasks.run_carry_out.delay_on_commit(run.pk, approval.step_id)
     return approval
 
 
 @transaction.atomic
-def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None) -> Run:
+def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
+                step_id: str | None = None) -> Run:
     run = _locked(run)
     _allowed(Action.APPROVE, run)
-    approval = _decide(run, by, node, Approval.Status.APPROVED)
+    approval = _decide(run, by, node, step_id, Approval.Status.APPROVED)
+    _request(run, by, Action.APPROVE, step_id=approval.step_id)
     _audit(run, by, "run.approved", node=approval.node, step_id=approval.step_id)
     return run
 
 
 @transaction.atomic
 def run_reject(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
-               reason: str = "") -> Run:
+               step_id: str | None = None, reason: str = "") -> Run:
     run = _locked(run)
     reason = _text(reason, "reason")
     _allowed(Action.REJECT, run)
-    approval = _decide(run, by, node, Approval.Status.REJECTED, reason)
+    approval = _decide(run, by, node, step_id, Approval.Status.REJECTED, reason)
+    _request(run, by, Action.REJECT, step_id=approval.step_id, reason=reason)
     _audit(run, by, "run.rejected", node=approval.node, step_id=approval.step_id,
            reason=reason)
     return run
@@ -153,8 +165,8 @@ def run_reject(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
 def run_retry(*, run: Run, by: AbstractBaseUser | str) -> Run:
     run = _locked(run)
     _allowed(Action.RETRY, run)
+    _request(run, by, Action.RETRY)
     _audit(run, by, "run.retry_requested")
-    tasks.run_retry.delay_on_commit(run.pk, _actor(by))
     return run
 
 
@@ -162,8 +174,8 @@ def run_retry(*, run: Run, by: AbstractBaseUser | str) -> Run:
 def run_compensate(*, run: Run, by: AbstractBaseUser | str) -> Run:
     run = _locked(run)
     _allowed(Action.COMPENSATE, run)
+    _request(run, by, Action.COMPENSATE)
     _audit(run, by, "run.compensate_requested")
-    tasks.run_compensate.delay_on_commit(run.pk, _actor(by))
     return run
 
 
@@ -173,9 +185,8 @@ def run_resolve_by_hand(*, run: Run, by: AbstractBaseUser | str, note: str) -> R
     run = _locked(run)
     _allowed(Action.RESOLVE, run)
     if run.lease_owner and run.lease_expires_at and run.lease_expires_at > timezone.now():
-        # A worker took the run up (an operator's "compensate", say) and is acting on it; it
-        # checked the status under its lease, so settling the run under it now would be
-        # overwritten by what it does next.
+        # A worker is acting on the run (recovering it, say); it checked the status under its
+        # lease, so settling the run under it now would be overwritten by what it does next.
         raise ActionNotAllowed(f"run {run.code} is being worked on right now; try again when "
                                "the worker is done")
     note = _text(note, "note")

@@ -24,10 +24,9 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
-from stateguard.lifecycle import LIVE
-from stateguard_web.sagas import selectors
+from stateguard.lifecycle import LIVE, Action, refusal
 from stateguard_web.sagas.journal import LeaseLost
-from stateguard_web.sagas.models import Approval, AuditEvent, Run
+from stateguard_web.sagas.models import AuditEvent, Run
 
 logger = logging.getLogger("stateguard.tasks")
 _ACTION_RETRY = {"countdown": 2, "max_retries": 60}  # two minutes of a busy run
@@ -38,15 +37,14 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
                 request: str = "", by: str = "") -> None:
     """Run ``action`` with the run's guard. ``request`` names an operator's request (made by
     ``by``) that the guard may refuse under the lease: the refusal is audited."""
-    from stateguard_web.sagas.runtime import config_for, guard_for
+    from stateguard_web.sagas.runtime import agent_names, config_for, guard_for
 
     if not isinstance(run, Run):
         run = Run.objects.get(pk=run)
-    try:
-        guard, graph, _ = guard_for(run.agent)
-    except KeyError:
-        _park_unknown_agent(run)
+    if run.agent not in agent_names():
+        _unknown_agent(run, request, by)
         return
+    guard, graph, _ = guard_for(run.agent)
     try:
         action(guard, graph, config_for(run.thread_id), run)
     except SagaAborted as exc:  # unwound and journaled; nothing more to do here
@@ -74,25 +72,32 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
                        exc)
 
 
-def _park_unknown_agent(run: Run) -> None:
-    """A run of an agent this deployment does not offer (removed, renamed, or not enabled here)
-    can never be run by a worker: re-queuing it would fail for ever. It needs a person."""
+def _unknown_agent(run: Run, request: str, by: str) -> None:
+    """A run of an agent this deployment does not offer (removed, renamed, or not enabled
+    here). A run a worker would otherwise take up again and again (pending, or live with its
+    worker gone) can never go on: it needs a person. An operator's request on a run that waits
+    (paused, failed) is refused and the run left as it is."""
     from stateguard_web.sagas.runtime import agent_names
 
     now = timezone.now()
     message = (f"agent {run.agent!r} is not offered by this deployment (it offers "
-               f"{', '.join(agent_names())}); the run cannot go on without it")
+               f"{', '.join(agent_names())})")
     with transaction.atomic():
         parked = Run.objects.filter(
             Q(lease_owner="") | Q(lease_expires_at__lt=now), pk=run.pk,
-            status__in=[Run.Status.PENDING, *LIVE, Run.Status.PAUSED, Run.Status.FAILED],
+            status__in=[Run.Status.PENDING, *LIVE],
         ).update(status=Run.Status.NEEDS_ATTENTION, updated_at=now, lease_owner="",
                  lease_expires_at=None, fencing_token=F("fencing_token") + 1,
                  error={"type": "UnknownAgent", "message": message, "traceback": ""})
         if parked:
             AuditEvent.objects.create(run=run, actor="worker", action="run.agent_unknown",
                                       data={"agent": run.agent, "message": message})
-    logger.error("run %s: %s", run.code, message)
+            logger.error("run %s needs attention: %s", run.code, message)
+        elif request:
+            AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
+                                      data={"request": request, "requested_by": by,
+                                            "reason": message})
+            logger.warning("run %s: %s refused: %s", run.code, request, message)
 
 
 @shared_task(acks_late=True)
@@ -115,36 +120,35 @@ def run_execute(run_pk: int) -> None:
 
 
 @shared_task(acks_late=True, bind=True)
-def run_carry_out(self: Task, run_pk: int, step_id: str) -> None:
-    """Carry out the decision an operator took on an approval (the service decided it)."""
-    approval = Approval.objects.filter(run_id=run_pk, step_id=step_id).first()
-    if approval is None or approval.status == Approval.Status.PENDING:
-        logger.warning("run %s: no decided approval for step %s", run_pk, step_id)
+def run_request(self: Task, run_pk: int, request_id: str) -> None:
+    """Carry out the operator's request left on the run (``services._request``): approve or
+    reject (the service decided the approval), retry, compensate. The guard checks, under the
+    run's lease, that it still fits the run. Once carried out or refused, the request is
+    cleared, and a duplicate delivery finds nothing to do."""
+    run = Run.objects.get(pk=run_pk)
+    request = run.request or {}
+    if request.get("id") != request_id:
+        logger.info("run %s: request %s was carried out already", run.code, request_id)
         return
-    by = approval.decided_by
+    action, by = request["action"], request["by"]
 
     def carry_out(guard: Any, graph: Any, config: dict[str, Any], run: Run) -> None:
-        if approval.status == Approval.Status.APPROVED:
-            guard.approve(graph, config, by=by, step_id=step_id)
+        if action == Action.APPROVE:
+            guard.approve(graph, config, by=by, step_id=request["step_id"])
+        elif action == Action.REJECT:
+            guard.reject(graph, config, by=by, step_id=request["step_id"],
+                         reason=request.get("reason", ""))
+        elif action == Action.RETRY:
+            guard.retry(graph, config)
+        elif action == Action.COMPENSATE:
+            guard.compensate(graph, config, by=by)
         else:
-            guard.reject(graph, config, by=by, step_id=step_id, reason=approval.reason)
+            raise InvalidRunState(f"unknown request {action!r}")
 
-    _with_guard(run_pk, carry_out, self, request=f"{approval.status} {approval.node}", by=by)
-
-
-@shared_task(acks_late=True, bind=True)
-def run_retry(self: Task, run_pk: int, by: str) -> None:
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.retry(graph, config), self,
-                request="retry", by=by)
-
-
-@shared_task(acks_late=True, bind=True)
-def run_compensate(self: Task, run_pk: int, by: str) -> None:
-    # The guard checks the status under the lease: a run resolved by hand (or retried) since
-    # the operator asked is refused there, not overwritten. A run a worker holds (running,
-    # compensating) raises RunLocked: asked again once that worker is done.
-    _with_guard(run_pk, lambda guard, graph, config, run: guard.compensate(graph, config, by=by),
-                self, request="compensate", by=by)
+    # A RunLocked retry raises out of here and leaves the request for the next attempt.
+    _with_guard(run, carry_out, self, request=action, by=by)
+    Run.objects.filter(pk=run_pk, request__id=request_id).update(request=None,
+                                                                 requested_at=None)
 
 
 @shared_task(acks_late=True)
@@ -209,8 +213,8 @@ def _due(runs: QuerySet[Run], now: datetime) -> list[int]:
 @shared_task(acks_late=True)
 def sweep_expired_leases() -> int:
     """Hand to another worker what no worker is doing: live runs whose worker stopped renewing
-    its lease (to recovery), runs submitted long ago that no worker claimed, and decisions on
-    approvals that no worker carried out (their messages were lost)."""
+    its lease (to recovery), runs submitted long ago that no worker claimed, and operators'
+    requests that no worker carried out (their messages were lost)."""
     now = timezone.now()
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
     # Messages expire too, so that sweeps piling up while the workers are down do not leave
@@ -223,12 +227,17 @@ def sweep_expired_leases() -> int:
                 now)
     for pk in lost:
         run_execute.apply_async((pk,), expires=expires)
-    stalled = selectors.approvals_awaiting_worker().filter(decided_at__lt=now - lease)
-    decided = dict(stalled.values_list("run_id", "step_id"))
-    undone = _due(Run.objects.filter(pk__in=list(decided)), now)
+    # Requests whose message was lost (or whose worker gave up): still fitting the run, and
+    # no worker holds it.
+    waiting = {pk: request for pk, request, status in Run.objects.filter(
+        Q(lease_owner="") | Q(lease_expires_at__lt=now), request__isnull=False,
+        requested_at__lt=now - lease).values_list("pk", "request", "status")
+        if refusal(request["action"], status) is None}
+    undone = _due(Run.objects.filter(pk__in=list(waiting)), now)
     for pk in undone:
-        run_carry_out.apply_async((pk, decided[pk]), expires=expires)
+        run_request.apply_async((pk, waiting[pk]["id"]), expires=expires)
     if dead or lost or undone:  # log what it found, not that it looked
-        logger.info("sweep: %d runs to recovery %s, %d lost runs queued again %s, %d decisions "
-                    "to carry out %s", len(dead), dead, len(lost), lost, len(undone), undone)
+        logger.info("sweep: %d runs to recovery %s, %d lost runs queued again %s, %d operator "
+                    "requests queued again %s", len(dead), dead, len(lost), lost, len(undone),
+                    undone)
     return len(dead)

@@ -99,6 +99,10 @@ class ActionTests(TestCase):
         self.run.save()
         with queued(self) as messages:
             assert command("retry", self.code).startswith(f"retrying run {self.code}")
+            # One request at a time: the retry waits for a worker.
+            with pytest.raises(CommandError, match=r"waiting for a worker \(retry by cli:"):
+                command("compensate", self.code)
+            Run.objects.filter(pk=self.run.pk).update(request=None)  # a worker carried it out
             assert command("compensate", self.code).startswith(f"compensating run {self.code}")
         assert self.for_this_run(messages) == 2
         assert list(AuditEvent.objects.order_by("pk").values_list("action", flat=True)) == [

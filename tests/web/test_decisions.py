@@ -66,7 +66,7 @@ class ConcurrentDecisionTests(TransactionTestCase):
         decisions = AuditEvent.objects.filter(run=self.run,
                                               action__in=["run.approved", "run.rejected"])
         assert [e.actor for e in decisions] == [winner]  # the trail says what really happened
-        assert queued_tasks() == ["run_carry_out"]
+        assert queued_tasks() == ["run_request"]
 
 
 class SweeperTests(TestCase):
@@ -90,14 +90,14 @@ class SweeperTests(TestCase):
         assert sorted(queued_tasks()) == ["run_execute", "run_execute", "run_recover",
                                           "run_recover"]
 
-    def test_it_queues_again_a_decision_no_worker_carried_out(self) -> None:
-        run = Run.objects.create(agent="checkout", status=Run.Status.PAUSED)
-        Approval.objects.create(run=run, step_id="t1", node="charge_user", status="approved",
-                                decided_by="bob", requested_at=timezone.now(),
-                                decided_at=timezone.now() - timedelta(minutes=5))
+    def test_it_queues_again_a_request_no_worker_carried_out(self) -> None:
+        run = Run.objects.create(agent="checkout", status=Run.Status.FAILED)
+        with self.captureOnCommitCallbacks():  # its message is lost
+            services.run_retry(run=run, by="bob")
+        Run.objects.filter(pk=run.pk).update(requested_at=timezone.now() - timedelta(minutes=5))
         tasks.sweep_expired_leases()
         tasks.sweep_expired_leases()
-        assert queued_tasks() == ["run_carry_out"]
+        assert queued_tasks() == ["run_request"]
 
     def test_it_moves_a_run_of_an_unknown_agent_to_needs_attention(self) -> None:
         run = Run.objects.create(agent="retired-agent", input={})
@@ -108,6 +108,17 @@ class SweeperTests(TestCase):
         assert AuditEvent.objects.filter(run=run, action="run.agent_unknown").exists()
         tasks.sweep_expired_leases()
         assert queued_tasks() == []  # not queued again, for ever
+
+    def test_it_refuses_a_request_on_a_waiting_run_of_an_unknown_agent(self) -> None:
+        run = Run.objects.create(agent="retired-agent", status=Run.Status.FAILED)
+        with self.captureOnCommitCallbacks():
+            services.run_retry(run=run, by="bob")
+        run.refresh_from_db()
+        tasks.run_request(run.pk, run.request["id"])  # as a worker would, from the queue
+        run.refresh_from_db()
+        assert run.status == Run.Status.FAILED and run.request is None  # left as it was
+        refused = AuditEvent.objects.get(run=run, action="run.request_refused")
+        assert "'retired-agent' is not offered" in refused.data["reason"]
 
 
 @pytest.mark.parametrize("decision", ["approve", "reject"])
@@ -123,8 +134,12 @@ def test_it_carries_out_the_decision_with_the_agent_graph(
         services.run_approve(run=run, by="alice")
     else:
         services.run_reject(run=run, by="bob", reason="looks like fraud")
-    (approval,) = run.approvals.all()
-    tasks.run_carry_out(run.pk, approval.step_id)  # as a worker would, from the queue
+    run.refresh_from_db()
+    tasks.run_request(run.pk, run.request["id"])  # as a worker would, from the queue
+    tasks.run_request(run.pk, run.request["id"])  # the broker delivers it a second time
     run.refresh_from_db()
     assert run.status == ("succeeded" if decision == "approve" else "compensated")
     assert run.steps.filter(node="charge_user").exists() == (decision == "approve")
+    assert run.request is None
+    # The duplicate found nothing to do, and said nothing false in the audit trail.
+    assert not AuditEvent.objects.filter(run=run, action="run.request_refused").exists()

@@ -68,15 +68,16 @@ class ActionTests(TestCase):
         approval.refresh_from_db()
         assert (approval.status, approval.decided_by) == ("approved", "bob")
 
-    def test_it_holds_back_other_decisions_until_a_worker_carries_one_out(self) -> None:
+    def test_it_holds_back_other_requests_until_a_worker_carries_one_out(self) -> None:
         Approval.objects.create(run=self.run, step_id="t1", node="charge_user",
                                 requested_at=self.run.created_at)
         with self.captureOnCommitCallbacks():  # the worker has not carried it out yet
-            services.run_approve(run=self.run, by="bob")
+            services.run_compensate(run=self.run, by="carol")
         for action in (services.run_approve, services.run_reject, services.run_compensate):
             with self.subTest(action=action.__name__), \
-                    pytest.raises(services.ActionNotAllowed, match="carry out the decision"):
-                action(run=self.run, by="carol")
+                    pytest.raises(services.ActionNotAllowed, match="compensate by carol"):
+                action(run=self.run, by="bob")
+        assert Approval.objects.get().status == "pending"  # not decided behind the request
         assert AuditEvent.objects.filter(run=self.run).count() == 1
 
     def test_it_refuses_actions_that_do_not_fit_the_run(self) -> None:
@@ -108,25 +109,21 @@ class ActionTests(TestCase):
         services.run_resolve_by_hand(run=self.run, by="c" * 400, note="refunded by hand")
         assert AuditEvent.objects.get(run=self.run).actor == "c" * 150
 
-    def test_it_does_not_compensate_a_run_resolved_by_hand_meanwhile(self) -> None:
-        from stateguard_web.sagas import tasks
-
+    def test_it_refuses_to_resolve_by_hand_while_a_compensation_request_waits(self) -> None:
         self.run.agent, self.run.status = "provision", Run.Status.NEEDS_ATTENTION
         self.run.save()
-        with self.captureOnCommitCallbacks():  # the compensate task is queued, not run yet
+        with self.captureOnCommitCallbacks():  # the compensate request is queued, not run yet
             services.run_compensate(run=self.run, by="dave")
-        services.run_resolve_by_hand(run=self.run, by="carol", note="undone by hand")
-        tasks.run_compensate.apply(args=(self.run.pk, "dave"))  # the queued task runs now
+        with pytest.raises(services.ActionNotAllowed, match=r"waiting for a worker "
+                                                            r"\(compensate by dave\)"):
+            services.run_resolve_by_hand(run=self.run, by="carol", note="undone by hand")
         self.run.refresh_from_db()
-        assert self.run.status == Run.Status.COMPENSATED
-        assert not self.run.compensations.exists()
-        refused = AuditEvent.objects.get(run=self.run, action="run.request_refused")
-        assert refused.data["request"] == "compensate" and "is compensated" in refused.data[
-            "reason"]
+        assert self.run.status == Run.Status.NEEDS_ATTENTION
 
     def test_it_checks_a_compensation_request_under_the_lease(self) -> None:
-        # The operator's "resolve by hand" commits after the worker read the run and before it
-        # took the lease: the unwind must not run the failed compensation again over it.
+        # The run is settled by another way (the admin, another deployment's worker) after the
+        # worker read the run and before it took the lease: the unwind must not run the failed
+        # compensation again over it.
         from stateguard_web.sagas import runtime, tasks
 
         self.run.agent, self.run.status = "provision", Run.Status.NEEDS_ATTENTION
@@ -138,20 +135,24 @@ class ActionTests(TestCase):
                                              idempotency_key="k1", status="failed")
         with self.captureOnCommitCallbacks():
             services.run_compensate(run=self.run, by="dave")
+        self.run.refresh_from_db()
         journal = runtime.journal()
         take_lease = journal.lock_acquire
 
-        def resolved_just_before(run_id: str, owner: str, ttl: float) -> bool:
-            services.run_resolve_by_hand(run=self.run, by="carol", note="deleted by hand")
+        def settled_just_before(run_id: str, owner: str, ttl: float) -> bool:
+            Run.objects.filter(pk=self.run.pk).update(status=Run.Status.COMPENSATED)
             return take_lease(run_id, owner, ttl)
 
-        with mock.patch.object(journal, "lock_acquire", resolved_just_before):
-            tasks.run_compensate.apply(args=(self.run.pk, "dave"))
+        with mock.patch.object(journal, "lock_acquire", settled_just_before):
+            tasks.run_request.apply(args=(self.run.pk, self.run.request["id"]))
         self.run.refresh_from_db()
         failed.refresh_from_db()
         assert self.run.status == Run.Status.COMPENSATED
         assert (failed.status, failed.attempts.count()) == ("failed", 0)  # not run again
-        assert AuditEvent.objects.filter(run=self.run, action="run.request_refused").exists()
+        refused = AuditEvent.objects.get(run=self.run, action="run.request_refused")
+        assert refused.data["request"] == "compensate" and "is compensated" in refused.data[
+            "reason"]
+        assert self.run.request is None  # refused is done with: the run takes requests again
 
     def test_it_resolves_a_run_by_hand_with_a_note(self) -> None:
         self.run.status = Run.Status.NEEDS_ATTENTION
