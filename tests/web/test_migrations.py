@@ -1,0 +1,46 @@
+"""A database made by the code before issue 8 (the journal at migration 0006) migrates forward
+with its runs intact."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from stateguard_web.sagas.models import Approval, AuditEvent, Run, Step
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_migrates_a_journal_made_before_issue_8_with_its_runs() -> None:
+    code = uuid.uuid4()
+    try:
+        call_command("migrate", "sagas", "0006", verbosity=0)
+        with connection.cursor() as cursor:  # as the old code wrote them
+            cursor.execute(
+                "INSERT INTO sagas_run (code, agent, input, status, lease_owner, fencing_token,"
+                " created_at, updated_at) VALUES (%s, 'checkout', '{\"amount\": 250}',"
+                " 'paused', '', 3, now(), now()) RETURNING id", [code])
+            (run_id,) = cursor.fetchone()
+            cursor.execute(
+                "INSERT INTO sagas_step (run_id, step_id, node, tags, status, attempt,"
+                " started_at, done_seq) VALUES (%s, 't0', 'create_customer', '[]', 'succeeded',"
+                " 1, now(), 1)", [run_id])
+            cursor.execute(
+                "INSERT INTO sagas_approval (run_id, step_id, node, status, decided_by, reason,"
+                " requested_at) VALUES (%s, 't1', 'charge_user', 'pending', '', '', now())",
+                [run_id])
+            cursor.execute(
+                "INSERT INTO sagas_auditevent (run_id, actor, action, data, created_at)"
+                " VALUES (%s, 'alice', 'run.submitted', '{}', now())", [run_id])
+    finally:
+        call_command("migrate", verbosity=0)  # every app to the latest, as other tests expect
+
+    run = Run.objects.get(code=code)
+    assert (run.status, run.fencing_token, run.request, run.requeued_at) == (
+        "paused", 3, None, None)
+    assert Step.objects.get(run=run).node == "create_customer"
+    assert Approval.objects.get(run=run).status == "pending"
+    assert AuditEvent.objects.get(run=run).action == "run.submitted"
+    assert run.waiting_request is None  # an old run takes requests at once
