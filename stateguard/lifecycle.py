@@ -18,7 +18,8 @@ The statuses::
                           │         └──compensate──> compensating <┘
                           └─(worker died)─recover─> running | compensating
     compensating ──> compensated | needs_attention ──resolve──> compensated
-                                         └──compensate (retry the failed ones)
+                                         ├──compensate (retry the failed ones)
+                                         └──retry_compensation (one of them)
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Action(StrEnum):
     RETRY = "retry"  # resume a failed run from its failure point
     COMPENSATE = "compensate"  # an operator's "undo it now"; again, retries failed compensations
     RESOLVE = "resolve"  # an operator undid by hand what the compensations could not
+    RETRY_COMPENSATION = "retry_compensation"  # run one failed compensation again
     RECOVER = "recover"  # another worker takes over a run whose worker died
 
 
@@ -64,6 +66,9 @@ TRANSITIONS: dict[Action, Transition] = {
         "a paused, failed, succeeded or needs-attention run can be compensated"),
     Action.RESOLVE: Transition(frozenset({S.NEEDS_ATTENTION}), S.COMPENSATED,
                                "a run that needs attention is resolved by hand"),
+    Action.RETRY_COMPENSATION: Transition(
+        frozenset({S.NEEDS_ATTENTION}), None,
+        "a run that needs attention has a failed compensation to retry"),
     Action.RECOVER: Transition(frozenset({S.RUNNING, S.COMPENSATING}), None,
                                "a running or compensating run whose worker died is recovered"),
 }
@@ -76,7 +81,7 @@ LIVE = TRANSITIONS[Action.RECOVER].sources
 
 # What an operator asks of a worker; one such request at a time per run.
 REQUESTS = frozenset({Action.APPROVE, Action.REJECT, Action.RETRY, Action.COMPENSATE,
-                      Action.RESOLVE})
+                      Action.RESOLVE, Action.RETRY_COMPENSATION})
 
 
 def refusal(action: Action, status: RunStatus | str, *, run: str = "",

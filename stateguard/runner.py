@@ -31,6 +31,7 @@ from stateguard.lifecycle import Action, check
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
+    CompensationStatus,
     RunStatus,
     RunView,
     StepRecord,
@@ -395,6 +396,26 @@ class GuardRunner:
         with self.core.lease(run_id):
             check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
             return self._compensate(graph, config, run_id, by, reason)
+
+    def retry_compensation(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                           step_id: str, *, by: str = "operator") -> UnwindReport:
+        """Run one compensation that failed (or was skipped for a step in doubt) again: fresh
+        attempts, the same idempotency key. The others are left as they are, and the run ends
+        ``compensated`` only if none is left failed."""
+        self._check_graph(graph)
+        run_id = self._run_record(run_id_of(config)).run_id
+        with self.core.lease(run_id):
+            check(Action.RETRY_COMPENSATION, self._run_record(run_id).status, run=run_id)
+            record = next((c for c in self.core.journal.compensations(run_id)
+                           if c.step_id == step_id), None)
+            if record is None or record.status not in (CompensationStatus.FAILED,
+                                                       CompensationStatus.SKIPPED_IN_DOUBT):
+                status = record.status if record else "not there"
+                raise InvalidRunState(f"the compensation of step {step_id!r} is {status}; only "
+                                      "a failed or skipped-in-doubt compensation is retried")
+            return self.core.unwind(run_id, Cause("operator"), triggered_by=by,
+                                    include_in_doubt=True, only=step_id,
+                                    fallback_state=lambda: _values(graph, config))
 
     def _compensate(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
                     run_id: str, by: str, reason: str, *, reconcile: bool = True

@@ -88,8 +88,10 @@ class _Unwinder:
 
     def __init__(self, journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
                  include_in_doubt: bool, triggered_by: str, fallback_state: Any,
-                 on_event: EventCallback | None, check: Callable[[], None]) -> None:
+                 on_event: EventCallback | None, check: Callable[[], None],
+                 only: str | None = None) -> None:
         self.journal, self.run_id, self.spec, self.cause = journal, run_id, spec, cause
+        self.only = only
         self.include_in_doubt, self.triggered_by = include_in_doubt, triggered_by
         self.fallback_state, self.on_event, self.check = fallback_state, on_event, check
         self.outcomes: list[CompensationOutcome] = []
@@ -99,8 +101,12 @@ class _Unwinder:
         self.journal.run_set_status(self.run_id, RunStatus.COMPENSATING)
         emit(self.on_event, Event("run.status", self.run_id,
                                   data={"status": str(RunStatus.COMPENSATING)}))
+        kept = {c.step_id: c for c in self.journal.compensations(self.run_id)} if self.only else {}
         for item in plan(self.journal, self.run_id, self.spec,
                          include_in_doubt=self.include_in_doubt):
+            if self.only is not None and item.step.step_id != self.only:
+                self._keep(item, kept.get(item.step.step_id))
+                continue
             attempt = self._begin(item)
             if attempt is None:
                 continue
@@ -108,6 +114,22 @@ class _Unwinder:
                 self.check()
                 yield attempt, self._context(attempt), self._state_for(item.step)
             self._finish(item.step, attempt.status, attempt.attempts)
+
+    def _keep(self, item: _Planned, record: CompensationRecord | None) -> None:
+        """A step an unwind of one compensation leaves alone: its outcome stays what the
+        journal says, so that the run's status still counts it."""
+        step = item.step
+        if item.compensation is None:
+            status: CompensationStatus | str = "no_compensation"
+        elif record is None:
+            status = "not_run"
+        elif record.status in DONE_COMPENSATIONS:
+            status = "already_done"
+        else:
+            status = record.status
+        self.outcomes.append(CompensationOutcome(
+            step.node, step.step_id, status, len(record.attempts) if record else 0,
+            tuple(a.error for a in record.attempts if a.error) if record else ()))
 
     def _begin(self, item: _Planned) -> _Attempting | None:
         """Journal the compensation row; ``None`` when there is nothing to run for this step."""
@@ -123,7 +145,8 @@ class _Unwinder:
                                                      len(record.attempts)))
             return None
         attempts = list(record.attempts)
-        if item.in_doubt and not comp.in_doubt_safe:
+        # An operator who retries this one compensation has decided it is safe to run.
+        if item.in_doubt and not comp.in_doubt_safe and self.only is None:
             now = time.time()
             error = ErrorInfo("InDoubt", f"step {step.node!r} was in progress when the process "
                               "died and its compensation is not declared in_doubt_safe")
@@ -197,16 +220,18 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
            include_in_doubt: bool = False, triggered_by: str = "automatic",
            fallback_state: Any = None, on_event: EventCallback | None = None,
            sleep: Callable[[float], None] = time.sleep,
-           check: Callable[[], None] = lambda: None) -> UnwindReport:
+           check: Callable[[], None] = lambda: None, only: str | None = None) -> UnwindReport:
     """Compensate every step of ``run_id`` that had its effect, newest first (see module doc).
 
     Each compensation gets the state journaled right after its step; ``fallback_state`` (a
     value, or a zero-argument callable computed on first need) stands in for steps that have
     none, such as a step left in doubt by a dead process. ``check`` runs before every attempt
-    and raises to stop (the lease was lost: another process owns the unwind now)."""
+    and raises to stop (the lease was lost: another process owns the unwind now). ``only``
+    (a step id) runs that step's compensation alone, even for a step in doubt (an operator
+    retrying it has decided); the others keep their outcomes."""
     u = _Unwinder(journal, run_id, spec, cause, include_in_doubt=include_in_doubt,
                   triggered_by=triggered_by, fallback_state=fallback_state, on_event=on_event,
-                  check=check)
+                  check=check, only=only)
     for attempt, ctx, state in u.attempts():
         started = time.time()
         try:
@@ -225,11 +250,12 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
 async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
                   include_in_doubt: bool = False, triggered_by: str = "automatic",
                   fallback_state: Any = None, on_event: EventCallback | None = None,
-                  check: Callable[[], None] = lambda: None) -> UnwindReport:
+                  check: Callable[[], None] = lambda: None, only: str | None = None
+                  ) -> UnwindReport:
     """``unwind`` for asyncio: awaits async compensations, runs sync ones in a thread."""
     u = _Unwinder(journal, run_id, spec, cause, include_in_doubt=include_in_doubt,
                   triggered_by=triggered_by, fallback_state=fallback_state, on_event=on_event,
-                  check=check)
+                  check=check, only=only)
     for attempt, ctx, state in u.attempts():
         started = time.time()
         try:

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from stateguard import ApprovalStatus, InvalidRunState, RunStatus, StateGuardCheckpointer
+from stateguard import (
+    ApprovalStatus,
+    InvalidRunState,
+    RunStatus,
+    SagaAborted,
+    StateGuardCheckpointer,
+)
 from stateguard.lifecycle import TRANSITIONS, Action, allowed, check, refusal
-from tests.core.support import config, line_builder, undo
+from tests.core.support import FAST_RETRY, config, line_builder, undo
 
 
 def test_it_says_why_an_action_does_not_fit_the_status() -> None:
@@ -30,7 +37,8 @@ def test_it_holds_back_other_requests_while_one_waits_for_a_worker() -> None:
     assert allowed(RunStatus.PAUSED, waiting="compensate by carol") == frozenset()
     assert "(approve by bob)" in str(refusal(Action.COMPENSATE, "paused",
                                              waiting="approve by bob"))
-    assert allowed(RunStatus.NEEDS_ATTENTION) == {Action.COMPENSATE, Action.RESOLVE}
+    assert allowed(RunStatus.NEEDS_ATTENTION) == {Action.COMPENSATE, Action.RESOLVE,
+                                                   Action.RETRY_COMPENSATION}
 
 
 def test_it_carries_out_an_approval_decided_elsewhere_and_refuses_the_opposite() -> None:
@@ -90,3 +98,39 @@ def test_it_recovers_a_run_that_died_after_pausing_as_paused() -> None:
     assert guard.status("died-paused").run.status == RunStatus.PAUSED  # not unwound
     guard.approve(graph, config("died-paused"), by="alice")
     assert effects == ["a", "b"]
+
+
+def test_it_retries_one_failed_compensation_and_leaves_the_others() -> None:
+    effects: list[str] = []
+    down = {"a": True, "b": True}
+
+    def refund(node: str) -> Any:
+        def compensation(state: dict[str, Any], ctx: Any) -> bool:
+            if down[node]:
+                raise ConnectionError(f"{node}: provider down")
+            effects.append(f"undo:{node}:{ctx.idempotency_key}")
+            return True
+        return compensation
+
+    guard = StateGuardCheckpointer(compensations={"a": refund("a"), "b": refund("b")},
+                                   compensation_retry=FAST_RETRY)
+    graph = guard.compile(line_builder(["a", "b", "c"], effects))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "c"}, config("one"))
+    failed = {c.node: c for c in guard.status("one").compensations}
+    assert guard.status("one").run.status == RunStatus.NEEDS_ATTENTION
+
+    down["b"] = False
+    report = guard.retry_compensation(graph, config("one"), failed["b"].step_id, by="carol")
+    assert effects[-1] == f"undo:b:{failed['b'].idempotency_key}"  # same key, new attempts
+    assert {o.node: str(o.status) for o in report.outcomes} == {"b": "succeeded",
+                                                                 "a": "failed"}
+    assert guard.status("one").run.status == RunStatus.NEEDS_ATTENTION  # a is still failed
+    with pytest.raises(InvalidRunState, match="is succeeded; only a failed"):
+        guard.retry_compensation(graph, config("one"), failed["b"].step_id)
+
+    down["a"] = False
+    guard.retry_compensation(graph, config("one"), failed["a"].step_id, by="carol")
+    assert guard.status("one").run.status == RunStatus.COMPENSATED
+    with pytest.raises(InvalidRunState, match="only a run that needs attention"):
+        guard.retry_compensation(graph, config("one"), failed["a"].step_id)
