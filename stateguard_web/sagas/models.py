@@ -57,12 +57,23 @@ class Run(models.Model):
     requested_at = models.DateTimeField(null=True, blank=True)
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                      on_delete=models.SET_NULL, related_name="+")
+    # The submitter's idempotency key, and what it was used for (agent and input, hashed):
+    # the same key again gives back this run, or a conflict for another submission.
+    idempotency_key = models.CharField(max_length=200, blank=True, default="")
+    submission_hash = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["-created_at"]
-        constraints = [_status_check("sagas_run_status_valid", RunStatus)]
+        constraints = [
+            _status_check("sagas_run_status_valid", RunStatus),
+            # POST /api/runs with an Idempotency-Key: one run per user and key, however many
+            # requests race (the insert decides, not a read before it).
+            models.UniqueConstraint(fields=["submitted_by", "idempotency_key"],
+                                    condition=~Q(idempotency_key=""),
+                                    name="sagas_run_unique_idempotency_key"),
+        ]
         indexes = [
             # dashboard: runs by status, newest first
             models.Index(fields=["status", "-created_at"], name="sagas_run_status_created"),
@@ -73,6 +84,9 @@ class Run(models.Model):
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).
         ]
+
+    # Not stored: services.run_submit sets it when an idempotency key gave back this run.
+    replayed = False
 
     def __str__(self) -> str:
         return f"{self.agent} {self.code} ({self.status})"

@@ -6,19 +6,21 @@ operator did, and enqueues its Celery task only once that transaction has commit
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
 from stateguard_web.sagas import runtime, tasks
-from stateguard_web.sagas.models import Approval, AuditEvent, Run
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 
 class ServiceError(Exception):
@@ -35,10 +37,30 @@ class ActionNotAllowed(ServiceError):
     pass
 
 
-def _actor(by: AbstractBaseUser | str | None) -> str:
+class IdempotencyConflict(ServiceError):
+    """The idempotency key was used before, by the same user, for a different submission."""
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who acts, and how: a user, and the prefix of the API key they used (for the audit)."""
+
+    user: AbstractBaseUser
+    via: str = ""
+
+
+By = AbstractBaseUser | Actor | str | None
+
+
+def _user(by: By) -> AbstractBaseUser | None:
+    return by.user if isinstance(by, Actor) else by if isinstance(by, AbstractBaseUser) else None
+
+
+def _actor(by: By) -> str:
     if by is None:
         return "system"
-    name = by if isinstance(by, str) else str(by.get_username())
+    user = _user(by)
+    name = str(user.get_username()) if user is not None else str(by)
     return _text(name, "actor")[:150]
 
 
@@ -51,14 +73,20 @@ def _text(value: str, what: str, limit: int = 2000) -> str:
     return value
 
 
-def _audit(run: Run | None, by: AbstractBaseUser | str | None, action: str,
-           **data: Any) -> None:
+def _audit(run: Run | None, by: By, action: str, **data: Any) -> None:
+    if isinstance(by, Actor) and by.via:
+        data["via"] = by.via
     AuditEvent.objects.create(run=run, actor=_actor(by), action=action, data=data)
 
 
-def run_submit(*, agent: str, input: dict[str, Any] | str,
-               by: AbstractBaseUser | str | None = None) -> Run:
-    """Validate ``input`` against the agent's schema, store the run and queue it."""
+def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
+               idempotency_key: str = "") -> Run:
+    """Validate ``input`` against the agent's schema, store the run and queue it.
+
+    With an ``idempotency_key`` (a user's), a second submission with the same key returns the
+    first run, marked ``run.replayed = True``, and stores nothing; the same key with another
+    agent or input raises ``IdempotencyConflict``. The unique constraint decides, so requests
+    racing with one key still make one run."""
     if agent not in runtime.agent_names():  # the agents this deployment offers
         raise SubmissionError(f"unknown agent {agent!r}; known agents: {runtime.agent_names()}")
     if isinstance(input, str):
@@ -76,12 +104,46 @@ def run_submit(*, agent: str, input: dict[str, Any] | str,
     except ValidationError as exc:
         errors = [{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()]
         raise SubmissionError(f"input does not fit agent {agent!r}", errors) from exc
-    with transaction.atomic():
-        run = Run.objects.create(agent=agent, input=data,
-                                 submitted_by=by if isinstance(by, AbstractBaseUser) else None)
-        _audit(run, by, "run.submitted", agent=agent)
-        tasks.run_execute.delay_on_commit(run.pk)
+    user = _user(by)
+    key = _idempotency_key(idempotency_key, user)
+    fingerprint = _fingerprint(agent, data) if key else ""
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(agent=agent, input=data, submitted_by=user,
+                                     idempotency_key=key, submission_hash=fingerprint)
+            _audit(run, by, "run.submitted", agent=agent)
+            tasks.run_execute.delay_on_commit(run.pk)
+    except IntegrityError:
+        first = Run.objects.filter(submitted_by=user, idempotency_key=key).first() if key else None
+        if first is None:
+            raise
+        run = first
+        if run.submission_hash != fingerprint:
+            raise IdempotencyConflict(
+                f"idempotency key {key!r} was used for another submission (run {run.code})"
+            ) from None
+        run.replayed = True
+        return run
     return run
+
+
+def _idempotency_key(key: str | None, user: AbstractBaseUser | None) -> str:
+    if not key:
+        return ""
+    if user is None:
+        raise SubmissionError("an idempotency key needs a user to belong to")
+    if not isinstance(key, str) or not 1 <= len(key) <= 200 or not key.isprintable():
+        why = "1 to 200 printable characters"
+        raise SubmissionError(f"idempotency key must be {why}",
+                              [{"loc": ["idempotency_key"], "msg": why}])
+    return key
+
+
+def _fingerprint(agent: str, data: dict[str, Any]) -> str:
+    """What a replay must match: the agent and the validated input, canonical."""
+    canonical = json.dumps({"agent": agent, "input": data}, sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _locked(run: Run) -> Run:
@@ -95,7 +157,7 @@ def _allowed(action: Action, run: Run) -> None:
         raise ActionNotAllowed(why)
 
 
-def _request(run: Run, by: AbstractBaseUser | str, action: Action, **details: str) -> None:
+def _request(run: Run, by: By, action: Action, **details: str) -> None:
     """Leave ``action`` on the run for a worker, and queue it once this transaction commits.
 
     Until the worker has carried it out (or refused it, under the run's lease), every other
@@ -124,7 +186,7 @@ def _pending(run: Run, node: str | None, step_id: str | None) -> Approval:
     return approvals[0]
 
 
-def _decide(run: Run, by: AbstractBaseUser | str, node: str | None, step_id: str | None,
+def _decide(run: Run, by: By, node: str | None, step_id: str | None,
             decision: Approval.Status, reason: str = "") -> Approval:
     """Decide the run's pending approval here, in the operator's transaction: of two decisions
     a moment apart, only the first finds it pending (the run's row lock orders them, and the
@@ -138,7 +200,7 @@ def _decide(run: Run, by: AbstractBaseUser | str, node: str | None, step_id: str
 
 
 @transaction.atomic
-def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
+def run_approve(*, run: Run, by: By, node: str | None = None,
                 step_id: str | None = None) -> Run:
     run = _locked(run)
     _allowed(Action.APPROVE, run)
@@ -149,7 +211,7 @@ def run_approve(*, run: Run, by: AbstractBaseUser | str, node: str | None = None
 
 
 @transaction.atomic
-def run_reject(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
+def run_reject(*, run: Run, by: By, node: str | None = None,
                step_id: str | None = None, reason: str = "") -> Run:
     run = _locked(run)
     reason = _text(reason, "reason")
@@ -162,7 +224,7 @@ def run_reject(*, run: Run, by: AbstractBaseUser | str, node: str | None = None,
 
 
 @transaction.atomic
-def run_retry(*, run: Run, by: AbstractBaseUser | str) -> Run:
+def run_retry(*, run: Run, by: By) -> Run:
     run = _locked(run)
     _allowed(Action.RETRY, run)
     _request(run, by, Action.RETRY)
@@ -171,16 +233,34 @@ def run_retry(*, run: Run, by: AbstractBaseUser | str) -> Run:
 
 
 @transaction.atomic
-def run_compensate(*, run: Run, by: AbstractBaseUser | str) -> Run:
+def run_compensate(*, run: Run, by: By, reason: str = "") -> Run:
     run = _locked(run)
+    reason = _text(reason, "reason")
     _allowed(Action.COMPENSATE, run)
     _request(run, by, Action.COMPENSATE)
-    _audit(run, by, "run.compensate_requested")
+    _audit(run, by, "run.compensate_requested", **({"reason": reason} if reason else {}))
     return run
 
 
 @transaction.atomic
-def run_resolve_by_hand(*, run: Run, by: AbstractBaseUser | str, note: str) -> Run:
+def compensation_retry(*, compensation: Compensation, by: By) -> Compensation:
+    """Run one failed (or skipped-in-doubt) compensation again: new attempts, same key."""
+    run = _locked(compensation.run)
+    _allowed(Action.RETRY_COMPENSATION, run)
+    compensation.refresh_from_db()
+    if compensation.status not in (Compensation.Status.FAILED,
+                                   Compensation.Status.SKIPPED_IN_DOUBT):
+        raise ActionNotAllowed(f"the compensation of {compensation.node!r} is "
+                               f"{compensation.status}; only a failed or skipped-in-doubt "
+                               "compensation is retried")
+    _request(run, by, Action.RETRY_COMPENSATION, step_id=compensation.step.step_id)
+    _audit(run, by, "compensation.retry_requested", node=compensation.node,
+           compensation=compensation.pk)
+    return compensation
+
+
+@transaction.atomic
+def run_resolve_by_hand(*, run: Run, by: By, note: str) -> Run:
     """An operator undid what StateGuard could not (for example a refund made by hand)."""
     run = _locked(run)
     _allowed(Action.RESOLVE, run)

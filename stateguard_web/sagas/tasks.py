@@ -142,6 +142,8 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
             guard.retry(graph, config)
         elif action == Action.COMPENSATE:
             guard.compensate(graph, config, by=by)
+        elif action == Action.RETRY_COMPENSATION:
+            guard.retry_compensation(graph, config, request["step_id"], by=by)
         else:
             raise InvalidRunState(f"unknown request {action!r}")
 

@@ -209,3 +209,61 @@ class RecoveryTests(TestCase):
         (message,) = [_json.loads(m) for m in broker.lrange("celery", 0, -1)]
         assert message["headers"]["task"] == "stateguard_web.sagas.tasks.run_execute"
         assert message["headers"]["argsrepr"] == f"({run.pk},)"
+
+
+class IdempotentSubmitTests(TestCase):
+    def setUp(self) -> None:
+        self.alice = get_user_model().objects.create_user("alice")
+        self.bob = get_user_model().objects.create_user("bob")
+
+    def test_it_gives_back_the_first_run_for_the_same_key_and_submission(self) -> None:
+        first = services.run_submit(agent="provision", input={"name": "web-1"}, by=self.alice,
+                                    idempotency_key="k-1")
+        again = services.run_submit(agent="provision", input={"name": "web-1"}, by=self.alice,
+                                    idempotency_key="k-1")
+        assert (first.replayed, again.replayed, again.pk) == (False, True, first.pk)
+        other_user = services.run_submit(agent="provision", input={"name": "web-1"},
+                                         by=self.bob, idempotency_key="k-1")
+        assert other_user.pk != first.pk  # keys are per user
+        assert Run.objects.count() == 2
+        assert AuditEvent.objects.filter(action="run.submitted").count() == 2
+
+    def test_it_refuses_the_same_key_for_another_submission(self) -> None:
+        services.run_submit(agent="provision", input={"name": "web-1"}, by=self.alice,
+                            idempotency_key="k-2")
+        with pytest.raises(services.IdempotencyConflict, match="another submission"):
+            services.run_submit(agent="provision", input={"name": "web-2"}, by=self.alice,
+                                idempotency_key="k-2")
+        with pytest.raises(services.SubmissionError, match="needs a user"):
+            services.run_submit(agent="provision", input={"name": "web-1"}, by="cli:root",
+                                idempotency_key="k-3")
+        assert Run.objects.count() == 1
+
+    def test_it_names_the_key_used_in_the_audit_trail(self) -> None:
+        run = services.run_submit(agent="provision", input={"name": "web-1"},
+                                  by=services.Actor(self.alice, via="key sg_ab12"))
+        event = AuditEvent.objects.get(run=run)
+        assert (event.actor, event.data["via"]) == ("alice", "key sg_ab12")
+        assert run.submitted_by == self.alice
+
+
+class CompensationRetryTests(TestCase):
+    def test_it_queues_a_retry_of_one_failed_compensation_only(self) -> None:
+        run = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION)
+        step = Step.objects.create(run=run, step_id="s1", node="allocate_port",
+                                   status="succeeded", started_at=timezone.now())
+        done_step = Step.objects.create(run=run, step_id="s2", node="create_workspace",
+                                        status="succeeded", started_at=timezone.now())
+        failed = Compensation.objects.create(run=run, step=step, node="allocate_port",
+                                             idempotency_key="k1", status="failed")
+        done = Compensation.objects.create(run=run, step=done_step, node="create_workspace",
+                                           idempotency_key="k2", status="succeeded")
+        with pytest.raises(services.ActionNotAllowed, match="is succeeded; only a failed"):
+            services.compensation_retry(compensation=done, by="carol")
+        with self.captureOnCommitCallbacks() as callbacks:
+            services.compensation_retry(compensation=failed, by="carol")
+        run.refresh_from_db()
+        assert len(callbacks) == 1
+        assert (run.request["action"], run.request["step_id"]) == ("retry_compensation", "s1")
+        with pytest.raises(services.ActionNotAllowed, match="retry_compensation by carol"):
+            services.compensation_retry(compensation=failed, by="dave")
