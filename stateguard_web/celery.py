@@ -12,11 +12,15 @@ from typing import Any
 from celery import Celery
 from celery.signals import task_prerun, worker_init
 
+from stateguard_web.heartbeat import HeartbeatStep
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
 
 app = Celery("stateguard_web")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Each worker says it is alive in Redis every few seconds, for GET /api/health (heartbeat.py).
+app.steps["consumer"].add(HeartbeatStep)
 
 
 @worker_init.connect

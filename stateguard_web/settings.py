@@ -41,8 +41,9 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])  # behind an
 HTTPS_ONLY = env.bool("HTTPS_ONLY", default=not DEBUG)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS_ONLY)
 # Health checks (a load balancer, a container runtime) reach Daphne directly over plain HTTP;
-# a redirect would read as "unhealthy". /healthz says only that the app and database answer.
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+# a redirect would read as "unhealthy". /healthz says only that the app and database answer;
+# /api/health also that the broker answers and workers beat (stateguard_web/health.py).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^api/health$"]
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS_ONLY)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=HTTPS_ONLY)
 SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000 if HTTPS_ONLY else 0)

@@ -3,9 +3,11 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
-from stateguard_web import views
+from stateguard_web import health, views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Before the API's "api/": a plain view, no credentials (load balancers call it).
+    path("api/health", health.health, name="health"),
     path("healthz", views.healthz, name="healthz"),
 ]
