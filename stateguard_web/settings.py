@@ -69,7 +69,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # the API docs' own JS and CSS (served from static files, not a CDN)
     "stateguard_web.sagas",
+    "stateguard_web.accounts",
 ]
 
 MIDDLEWARE = [

@@ -66,6 +66,12 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The roles (groups made by accounts' migration 0002) are made of these and the default
+        # view_run; stateguard_web.accounts.access is the one place that reads them.
+        permissions = [
+            ("submit_run", "Can submit runs (and see the runs it submitted)"),
+            ("operate_run", "Can approve, reject, retry, compensate and resolve runs"),
+        ]
         constraints = [
             _status_check("sagas_run_status_valid", RunStatus),
             # POST /api/runs with an Idempotency-Key: one run per user and key, however many

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class AccountsConfig(AppConfig):
+    name = "stateguard_web.accounts"
+    label = "accounts"
+    default_auto_field = "django.db.models.BigAutoField"
+    verbose_name = "Accounts and API keys"

@@ -1,0 +1,43 @@
+"""API keys: a key belongs to a user and acts with that user's permissions.
+
+Only the key's visible prefix (``sg_1a2b3c4d``, in the admin and the audit trail) and the
+SHA-256 of the whole key are stored; the key itself is shown once, when it is made
+(``services.api_key_create``). A key is 256 random bits, so a fast hash is enough: nobody can
+guess their way back from the hash, and checking a key costs one index lookup and one hash.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class ApiKey(models.Model):
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="api_keys")
+    name = models.CharField(max_length=100, help_text="what the key is for, e.g. billing-bot")
+    # Unique: a request's key is found by its prefix, then its hash is compared.
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    hashed = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="empty: the key does not expire")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Written at most once a minute per key (services.api_key_authenticate), not per request.
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        verbose_name = "API key"
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix})"
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None and not self.expired
