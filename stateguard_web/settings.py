@@ -184,6 +184,10 @@ STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
 if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
     raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
 STATEGUARD_SANDBOX_DIR = BASE_DIR / env.str("STATEGUARD_SANDBOX_DIR", default="var/sandbox")
+# The REST API refuses a request body larger than this (413), before reading it.
+STATEGUARD_API_MAX_BODY_BYTES = env.int("STATEGUARD_API_MAX_BODY_BYTES", default=1_048_576)
+# Django refuses larger bodies itself (the API answers 413 for those too); keep it above ours.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, STATEGUARD_API_MAX_BODY_BYTES)
 # Offer the benchmark agents (noop5: five steps that do nothing) for submission and execution.
 # Off for users; bench/ and the tests that measure the stack turn it on.
 STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)

@@ -4,10 +4,12 @@ from django.contrib import admin
 from django.urls import path
 
 from stateguard_web import health, views
+from stateguard_web.api.api import api
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Before the API's "api/": a plain view, no credentials (load balancers call it).
     path("api/health", health.health, name="health"),
+    path("api/", api.urls),
     path("healthz", views.healthz, name="healthz"),
 ]

@@ -201,12 +201,14 @@ def _decide(run: Run, by: By, node: str | None, step_id: str | None,
 
 @transaction.atomic
 def run_approve(*, run: Run, by: By, node: str | None = None,
-                step_id: str | None = None) -> Run:
+                step_id: str | None = None, reason: str = "") -> Run:
     run = _locked(run)
+    reason = _text(reason, "reason")
     _allowed(Action.APPROVE, run)
-    approval = _decide(run, by, node, step_id, Approval.Status.APPROVED)
+    approval = _decide(run, by, node, step_id, Approval.Status.APPROVED, reason)
     _request(run, by, Action.APPROVE, step_id=approval.step_id)
-    _audit(run, by, "run.approved", node=approval.node, step_id=approval.step_id)
+    _audit(run, by, "run.approved", node=approval.node, step_id=approval.step_id,
+           **({"reason": reason} if reason else {}))
     return run
 
 

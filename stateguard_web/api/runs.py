@@ -1,0 +1,130 @@
+"""/api/runs: submit, list and read runs, and the operator's actions on one.
+
+Actions are requests that a worker carries out (one at a time per run): they answer 202 with
+the run, whose ``request`` shows what waits. Resolving by hand is done at once (200).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Annotated
+
+from django.http import HttpRequest
+from ninja import Header, Query, Router, Status
+from ninja.errors import ValidationError
+
+from stateguard_web.accounts import access
+from stateguard_web.accounts.access import Ability
+from stateguard_web.api.auth import principal
+from stateguard_web.api.common import errors, run_for
+from stateguard_web.api.schemas import (
+    CompensateIn,
+    DecisionIn,
+    IdempotencyKey,
+    ResolveIn,
+    RunDetailOut,
+    RunFilter,
+    RunIn,
+    RunListOut,
+    RunOut,
+)
+from stateguard_web.sagas import selectors, services
+from stateguard_web.sagas.models import Approval, Run
+
+router = Router(tags=["runs"])
+Response = Status[dict[str, object]]
+
+
+@router.post("", response={200: RunOut, 201: RunOut, **errors(400, 422)},
+             summary="Submit a run")
+def submit_run(request: HttpRequest, data: RunIn,
+               idempotency_key: Annotated[IdempotencyKey | None,
+                                          Header(alias="Idempotency-Key")] = None) -> Response:
+    """201 with the new run; 200 with the same run when this user sent this idempotency key
+    before with the same agent and input (a different submission with it is a 422)."""
+    who = principal(request)
+    access.check(who.user, Ability.SUBMIT)
+    if idempotency_key and data.idempotency_key and idempotency_key != data.idempotency_key:
+        raise ValidationError([{"loc": ("header", "Idempotency-Key"),
+                                "msg": "differs from the body's idempotency_key"}])
+    run = services.run_submit(agent=data.agent, input=data.input, by=who.actor,
+                              idempotency_key=idempotency_key or data.idempotency_key or "")
+    return Status(200 if run.replayed else 201, selectors.run_summary(run=run))
+
+
+@router.get("", response={200: RunListOut, **errors(422)}, summary="List runs")
+def list_runs(request: HttpRequest, filters: Query[RunFilter]) -> dict[str, object]:
+    """The runs the caller may see, newest first (a submitter: its own)."""
+    who = principal(request)
+    access.check(who.user, Ability.VIEW)
+    runs = selectors.run_list(
+        runs=access.visible_runs(who.user), status=filters.status, agent=filters.agent,
+        q=filters.q, created_after=filters.created_after,
+        created_before=filters.created_before)
+    page = runs[filters.offset:filters.offset + filters.limit]
+    return {"items": [selectors.run_summary(run=run) for run in page], "count": runs.count()}
+
+
+@router.get("/{code}", response={200: RunDetailOut, **errors(404, 422)}, summary="Read a run")
+def get_run(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
+    """The run with its steps, compensations (every attempt), approvals, the violated
+    invariant if any, and its audit trail."""
+    _, run = run_for(request, code, Ability.VIEW)
+    return selectors.run_detail(run=run)
+
+
+def _decide(request: HttpRequest, code: uuid.UUID, data: DecisionIn,
+            decide: Callable[..., Run]) -> Response:
+    """Carry out ``decide`` (approve or reject) on the approval the operator named, which must
+    still be pending (else 409: the operator saw another state than the one there is now)."""
+    who, run = run_for(request, code, Ability.OPERATE)
+    approval = selectors.approval_get(run=run, pk=data.approval)
+    if approval.status != Approval.Status.PENDING:
+        by = f" by {approval.decided_by}" if approval.decided_by else ""
+        raise services.ActionNotAllowed(f"approval {approval.pk} of {approval.node!r} is no "
+                                        f"longer pending: it was {approval.status}{by}")
+    run = decide(run=run, by=who.actor, step_id=approval.step_id, reason=data.reason)
+    return Status(202, selectors.run_summary(run=run))
+
+
+ACTION = {202: RunOut, **errors(400, 404, 409, 422)}
+
+
+@router.post("/{code}/approve", response=ACTION, summary="Approve a gated step")
+def approve_run(request: HttpRequest, code: uuid.UUID, data: DecisionIn) -> Response:
+    """Decide the approval (it must still be pending: else 409); a worker runs the step."""
+    return _decide(request, code, data, services.run_approve)
+
+
+@router.post("/{code}/reject", response=ACTION, summary="Reject a gated step")
+def reject_run(request: HttpRequest, code: uuid.UUID, data: DecisionIn) -> Response:
+    """Decide the approval (it must still be pending: else 409); a worker unwinds the run."""
+    return _decide(request, code, data, services.run_reject)
+
+
+@router.post("/{code}/retry", response=ACTION, summary="Retry a failed run")
+def retry_run(request: HttpRequest, code: uuid.UUID) -> Response:
+    """Resume a failed run from where it failed (never from the start)."""
+    who, run = run_for(request, code, Ability.OPERATE)
+    return Status(202, selectors.run_summary(run=services.run_retry(run=run, by=who.actor)))
+
+
+@router.post("/{code}/compensate", response=ACTION, summary="Compensate a run")
+def compensate_run(request: HttpRequest, code: uuid.UUID,
+                   data: CompensateIn | None = None) -> Response:
+    """Undo what the run did, newest first; on a run that needs attention, retry the
+    compensations that failed. The body (a reason) is optional."""
+    who, run = run_for(request, code, Ability.OPERATE)
+    run = services.run_compensate(run=run, by=who.actor, reason=data.reason if data else "")
+    return Status(202, selectors.run_summary(run=run))
+
+
+@router.post("/{code}/resolve", response={200: RunOut, **errors(400, 404, 409, 422)},
+             summary="Resolve a run by hand")
+def resolve_run(request: HttpRequest, code: uuid.UUID, data: ResolveIn) -> dict[str, object]:
+    """Mark a run that needs attention compensated: an operator undid by hand what the
+    compensations could not (the note says what)."""
+    who, run = run_for(request, code, Ability.OPERATE)
+    return selectors.run_summary(
+        run=services.run_resolve_by_hand(run=run, by=who.actor, note=data.note))

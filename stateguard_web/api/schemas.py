@@ -1,0 +1,239 @@
+"""The API's In and Out schemas. Outs are built from the selectors' JSON data; Ins refuse
+unknown fields, NUL characters (PostgreSQL cannot store them) and endless strings, each with
+a 422 that names the field."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from ninja import Field, Schema
+from pydantic import AfterValidator, ConfigDict, StringConstraints, field_validator
+
+from stateguard.records import ApprovalStatus, CompensationStatus, RunStatus, StepStatus
+from stateguard_web.sagas import runtime
+
+MAX_TEXT = 2000  # reasons and notes (services refuse longer ones too)
+MAX_ID = 2**63 - 1  # the database's bigint: a larger id cannot exist
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+def _nul_free(value: Any) -> Any:
+    """Refuse NUL anywhere in a JSON value, keys too (iteratively; depth is limited earlier)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _no_nul(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
+
+
+def _printable(value: str) -> str:
+    if not value.isprintable():
+        raise ValueError("must be printable characters")
+    return value
+
+
+def _text(max_length: int, min_length: int = 0) -> Any:
+    return Annotated[str, StringConstraints(min_length=min_length, max_length=max_length),
+                     AfterValidator(_no_nul)]
+
+
+AgentName = _text(100, 1)
+Reason = _text(MAX_TEXT)
+Note = _text(MAX_TEXT, 1)
+Search = _text(200, 1)
+# What services.run_submit accepts as a key: 1 to 200 printable characters.
+IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200),
+                           AfterValidator(_printable)]
+
+
+class In(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunIn(In):
+    agent: AgentName = Field(description="an agent's name, as GET /api/agents lists them")
+    input: dict[str, Any] = Field(default_factory=dict,
+                                  description="the agent's input (its input_schema)")
+    idempotency_key: IdempotencyKey | None = Field(
+        None, description="or the Idempotency-Key header: the same key again gives back the "
+                          "same run (200) instead of a second one")
+
+    @field_validator("agent")
+    @classmethod
+    def _offered(cls, value: str) -> str:
+        names = runtime.agent_names()
+        if value not in names:
+            raise ValueError(f"unknown agent {value!r}; agents: {', '.join(names)}")
+        return value
+
+    @field_validator("input")
+    @classmethod
+    def _input_nul_free(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _nul_free(value)  # type: ignore[no-any-return]
+
+
+class DecisionIn(In):
+    approval: int = Field(ge=1, le=MAX_ID, description="the approval's id (the run's detail "
+                                                       "lists them)")
+    reason: Reason = ""
+
+
+class CompensateIn(In):
+    reason: Reason = ""
+
+
+class ResolveIn(In):
+    note: Note = Field(description="what was done by hand")
+
+    @field_validator("note")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("say what was done by hand")
+        return value
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    """A time without an offset is UTC; one the database cannot hold is refused."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range") from None
+
+
+Time = Annotated[datetime, AfterValidator(_utc)]
+
+
+class RunFilter(Schema):
+    status: RunStatus | None = None
+    agent: AgentName | None = None
+    q: Search | None = Field(None, description="the start of a run id, or text in the "
+                                                  "input (case-insensitive)")
+    created_after: Time | None = Field(None, description="ISO 8601; UTC if no offset")
+    created_before: Time | None = None
+    limit: int = Field(50, ge=1, le=200)
+    offset: int = Field(0, ge=0, le=2**31 - 1)
+
+
+class ErrorInfoOut(Schema):
+    type: str = ""
+    message: str = ""
+    traceback: str = ""
+
+
+class RequestOut(Schema):
+    id: str | None
+    action: str | None
+    by: str | None
+    requested_at: datetime | None
+
+
+class RunOut(Schema):
+    code: uuid.UUID
+    agent: str
+    status: RunStatus
+    input: dict[str, Any]
+    error: ErrorInfoOut | None
+    submitted_by: str | None
+    created_at: datetime
+    updated_at: datetime
+    request: RequestOut | None = Field(description="an operator's request waiting for a "
+                                                   "worker; others are refused until it "
+                                                   "is carried out")
+
+
+class RunListOut(Schema):
+    items: list[RunOut]
+    count: int
+
+
+class StepOut(Schema):
+    node: str
+    step_id: str
+    status: StepStatus
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None
+    update: Any = Field(description="what the node wrote")
+    error: ErrorInfoOut | None
+
+
+class AttemptOut(Schema):
+    number: int
+    ok: bool
+    started_at: datetime
+    finished_at: datetime
+    result: str
+    error: ErrorInfoOut | None
+
+
+class CompensationOut(Schema):
+    id: int
+    node: str
+    step_id: str
+    status: CompensationStatus
+    triggered_by: str
+    idempotency_key: str
+    created_at: datetime
+    updated_at: datetime
+    attempts: list[AttemptOut]
+
+
+class ApprovalOut(Schema):
+    id: int
+    node: str
+    step_id: str
+    payload: Any
+    status: ApprovalStatus
+    decided_by: str | None
+    reason: str
+    requested_at: datetime
+    decided_at: datetime | None
+
+
+class InvariantOut(Schema):
+    name: str | None
+    node: str | None = Field(description="the node after whose writes it failed; null when "
+                                         "it failed on the final state")
+    message: str
+
+
+class AuditOut(Schema):
+    at: datetime
+    actor: str
+    action: str
+    data: dict[str, Any]
+
+
+class RunDetailOut(RunOut):
+    steps: list[StepOut]
+    compensations: list[CompensationOut]
+    approvals: list[ApprovalOut]
+    violated_invariant: InvariantOut | None
+    audit: list[AuditOut]
+
+
+class AgentOut(Schema):
+    name: str
+    description: str
+    nodes: list[str]
+    compensated: list[str] = Field(description="the nodes that have a compensation")
+    approvals: list[str] = Field(description="the nodes gated by an operator's approval")
+    input_schema: dict[str, Any] = Field(description="the JSON schema of the input")
