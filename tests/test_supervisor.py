@@ -2,11 +2,12 @@
 
 Each test starts the supervisor on a small Procfile of Python sleepers, in a session of its
 own (as a terminal's foreground job), and sends SIGINT to that process group, which is what
-Ctrl-C does.
+Ctrl-C does, or another signal (a closed terminal's SIGHUP, SIGQUIT, SIGKILL).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pty
@@ -29,6 +30,12 @@ SUPERVISE = ROOT / "tools" / "supervise.py"
 PY = shlex.quote(sys.executable)
 # Prints its pid, then sleeps; SIGTERM ends it (Python's default action).
 SLEEPER = f"{PY} -c \"import os, time; print('up', os.getpid(), flush=True); time.sleep(600)\""
+# A child of the process (like a Celery pool process), and a process that ignores SIGTERM.
+PARENT = (f"{PY} -c \"import subprocess, sys, time; "
+          f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+          f"print('child', c.pid, flush=True); time.sleep(600)\"")
+STUBBORN = (f"{PY} -c \"import os, signal, time; signal.signal(signal.SIGTERM, "
+            f"signal.SIG_IGN); print('up', os.getpid(), flush=True); time.sleep(600)\"")
 
 
 def _load_supervise() -> ModuleType:
@@ -81,11 +88,33 @@ class Running:
         os.killpg(self.proc.pid, signal.SIGINT)
         return self.proc.wait(timeout=timeout)
 
+    def pids(self) -> list[int]:
+        """Every process the log names: the watchers it started and what they printed."""
+        return [int(pid) for pid in re.findall(r"(?:started with pid|\| up|\| child) (\d+)",
+                                                self.log())]
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
         self._log.close()
+        _kill_leftovers(self.pids())
+
+
+def _kill_leftovers(pids: list[int]) -> None:
+    # A failing test must not leave its sleepers behind for ten minutes.
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gone_within(pids: list[int], timeout: float) -> list[int]:
+    """The pids still alive after ``timeout`` seconds (none, if they all went)."""
+    deadline = time.monotonic() + timeout
+    while (alive := [pid for pid in pids if _alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
 
 
 @pytest.fixture
@@ -143,19 +172,111 @@ def test_it_doubles_the_delay_up_to_30_s_and_starts_over_after_a_long_life() -> 
 def test_it_stops_the_whole_process_group_and_what_ignores_sigterm(
     supervise: Callable[..., Running],
 ) -> None:
-    # A child of the process (like a Celery pool process), and a process that ignores SIGTERM.
-    parent = (f"{PY} -c \"import subprocess, sys, time; "
-              f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
-              f"print('child', c.pid, flush=True); time.sleep(600)\"")
-    stubborn = (f"{PY} -c \"import os, signal, time; signal.signal(signal.SIGTERM, "
-                f"signal.SIG_IGN); print('up', os.getpid(), flush=True); time.sleep(600)\"")
-    sup = supervise(f"parent: {parent}\nstubborn: {stubborn}\n", "--stop-timeout", "1")
+    sup = supervise(f"parent: {PARENT}\nstubborn: {STUBBORN}\n", "--stop-timeout", "1")
     child = int(sup.wait_for(r"parent +\| child (\d+)")[0][1])
     stubborn_pid = int(sup.wait_for(r"stubborn +\| up (\d+)")[0][1])
 
     assert sup.ctrl_c() == 0
     assert "stubborn did not stop within 1 s; killing it" in sup.log()
     assert not _alive(child) and not _alive(stubborn_pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT], ids=["SIGHUP", "SIGQUIT"])
+def test_it_stops_everything_on_a_hangup_or_sigquit(
+    supervise: Callable[..., Running], signum: int
+) -> None:
+    # Closing the terminal sends SIGHUP to its foreground job (make and the supervisor), Ctrl-\
+    # SIGQUIT. Either used to kill the supervisor alone and leave the whole stack running.
+    sup = supervise(f"sleeper: {SLEEPER}\nparent: {PARENT}\n")
+    sup.wait_for(r"sleeper +\| up \d+")
+    sup.wait_for(r"parent +\| child \d+")
+    pids = sup.pids()
+
+    os.killpg(sup.proc.pid, signum)
+
+    assert sup.proc.wait(timeout=20) == 0, sup.log()
+    assert f"{signal.Signals(signum).name} received: stopping every process" in sup.log()
+    assert _gone_within(pids, 5) == [], sup.log()
+
+
+def test_its_processes_stop_when_it_is_killed(supervise: Callable[..., Running]) -> None:
+    # SIGKILL leaves the supervisor no chance to stop anything: the processes must notice.
+    sup = supervise(f"sleeper: {SLEEPER}\nparent: {PARENT}\nstubborn: {STUBBORN}\n",
+                    "--stop-timeout", "1")
+    sup.wait_for(r"sleeper +\| up \d+")
+    sup.wait_for(r"parent +\| child \d+")
+    sup.wait_for(r"stubborn +\| up \d+")
+    pids = sup.pids()
+
+    sup.proc.kill()
+    sup.proc.wait()
+
+    # SIGTERM at once, SIGKILL a --stop-timeout later for the one that ignores SIGTERM.
+    assert _gone_within(pids, 5) == [], sup.log()
+
+
+def _read_until(fd: int, output: bytearray, marker: bytes, timeout: float) -> None:
+    """Append what ``fd`` gives to ``output`` until ``marker`` is in it, EOF, or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while marker not in output and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the terminal's last process has gone
+                return
+            if not chunk:
+                return
+            output += chunk
+
+
+@pytest.mark.parametrize("reader", ["terminal", "pipe"])
+def test_it_goes_on_supervising_when_nobody_reads_its_output(
+    tmp_path: Path, reader: str
+) -> None:
+    # Its terminal closed (a write gets EIO) or whatever read its output has gone (EPIPE):
+    # a write must not end the supervisor and leave its processes unsupervised.
+    pidfile = tmp_path / "pids"
+    writer = (f"{PY} -c \"import os, time; print(os.getpid(), file=open('{pidfile}', 'a'), "
+              f"flush=True); time.sleep(600)\"")
+    (tmp_path / "Procfile").write_text(f"writer: {writer}\nparent: {PARENT}\n")
+    read_end, write_end = pty.openpty() if reader == "terminal" else os.pipe()
+    # Not its controlling terminal (a session of its own, the pty only inherited): no SIGHUP
+    # when the terminal goes, only failing writes.
+    proc = subprocess.Popen([sys.executable, str(SUPERVISE), "-f", str(tmp_path / "Procfile")],
+                            stdout=write_end, stderr=write_end, start_new_session=True)
+    os.close(write_end)
+    output = bytearray()
+    pids: list[int] = []
+    try:
+        _read_until(read_end, output, b"| child ", 20)
+        pids += [int(pid) for pid in re.findall(rb"(?:started with pid|\| child) (\d+)", output)]
+        assert pids, output.decode(errors="replace")
+        os.close(read_end)
+        read_end = -1
+
+        deadline = time.monotonic() + 20
+        while len(written := pidfile.read_text().split()) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first = int(written[0])
+        pids.append(first)
+        os.kill(first, signal.SIGKILL)
+        while len(written := pidfile.read_text().split()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(written) == 2, f"writer not restarted; supervisor exited {proc.poll()}"
+        pids.append(int(written[1]))
+        assert _alive(pids[-1])
+
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+        assert _gone_within(pids, 5) == []
+    finally:
+        if read_end >= 0:
+            os.close(read_end)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        _kill_leftovers(pids)
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
@@ -167,36 +288,28 @@ def test_it_lets_make_stop_on_ctrl_c_without_an_error(tmp_path: Path) -> None:
     )
     pid, fd = pty.fork()
     if pid == 0:  # the child: make in a new session, with the pty as its terminal
-        os.execvp("make", ["make", "-C", str(tmp_path), "run"])
-    output = b""
-
-    def read_until(marker: bytes, timeout: float) -> None:
-        nonlocal output
-        deadline = time.monotonic() + timeout
-        while marker not in output and time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.1)
-            if ready:
-                try:
-                    chunk = os.read(fd, 4096)
-                except OSError:  # EIO: the terminal's last process has gone
-                    return
-                if not chunk:
-                    return
-                output += chunk
-
+        # --debug=j: make logs how each child ended ("Reaping winning/losing child ... PID").
+        os.execvp("make", ["make", "--debug=j", "-C", str(tmp_path), "run"])
+    output = bytearray()
     try:
-        read_until(b"| up ", 20)
+        _read_until(fd, output, b"| up ", 20)
         assert b"| up " in output, output.decode(errors="replace")
         os.write(fd, b"\x03")  # Ctrl-C
-        read_until(b"\x00never", 20)
+        _read_until(fd, output, b"\x00never", 20)
         _, status = os.waitpid(pid, 0)
     finally:
         os.close(fd)
     text = output.decode(errors="replace")
     assert "SIGINT received: stopping every process" in text and "every process stopped" in text
-    # make dies of the SIGINT itself (as any make does), but has nothing to report: no
-    # "*** [Makefile:2: run] Error 130" or "Interrupt" about the supervisor.
-    assert "***" not in text, text
-    sleeper = int(re.findall(r"\| up (\d+)", text)[0])
-    assert not _alive(sleeper)
-    assert os.WIFEXITED(status) or os.WTERMSIG(status) == signal.SIGINT
+    # The supervisor (make's child, run without a shell) exited 0, and make reports no error:
+    # after a non-zero exit make logs a "losing" child and "make: *** [Makefile:2: run] Error 1".
+    supervisor = re.findall(r"Putting child \S+ \(run\) PID (\d+)", text)
+    assert len(supervisor) == 1, text
+    assert re.search(rf"Reaping winning child \S+ PID {supervisor[0]}\b", text), text
+    assert "Reaping losing child" not in text and "make: ***" not in text, text
+    processes = [int(supervisor[0]), *map(int, re.findall(r"started with pid (\d+)", text)),
+                 *map(int, re.findall(r"\| up (\d+)", text))]
+    assert len(processes) == 3 and _gone_within(processes, 5) == []
+    # make itself dies of the SIGINT: GNU make re-raises it on itself once its child has exited,
+    # whatever the child's status, so the shell sees 130 (128 + SIGINT) after Ctrl-C.
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, status

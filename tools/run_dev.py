@@ -8,7 +8,9 @@
    line (again on later runs, while that password still works),
 3. replaces itself with ``tools/supervise.py`` running ``Procfile.dev``: embedded Redis,
    localstripe, Daphne, a Celery worker and Celery beat. A process that dies is restarted (with
-   a back-off and a log line); Ctrl-C (or SIGTERM) stops all of them and exits 0.
+   a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
+   supervisor exits 0 (make, after Ctrl-C, then dies of the SIGINT itself: status 130), and if
+   the supervisor is killed outright they stop by themselves (tools/supervise.py).
 """
 
 from __future__ import annotations

@@ -6,17 +6,33 @@ back, and the runs it held are recovered, instead of one dead process stopping a
 (honcho's behaviour, which this replaces).
 
 * Each line ``name: command`` of the Procfile is one process, started with its words split as a
-  shell would (``shlex``; no shell, so no pipes or ``&&``), in a process group of its own, with
-  stdin from /dev/null. Its output is printed line by line as ``HH:MM:SS name | line``.
+  shell would (``shlex``; no shell, so no pipes or ``&&``), in a session (hence a process group)
+  of its own, with stdin from /dev/null. Its output is printed line by line as
+  ``HH:MM:SS name | line``.
 * A process that exits, for whatever reason and with whatever status, is started again after a
   back-off: 1 s, then doubled after each exit that follows a short life, at most 30 s; a process
   that stayed up for 30 s starts over at 1 s. Its log line says so:
   ``worker exited with -9 (SIGKILL); restarting in 1 s``. What is left of its process group
   (a Celery worker's pool children) is killed first.
-* SIGINT or SIGTERM: every group gets SIGTERM; whatever is still running after
-  ``--stop-timeout`` seconds gets SIGKILL; then exit 0, since stopping was asked for. A second
-  signal kills at once. Under ``make run``, Ctrl-C reaches only make and this process (the
-  children are in groups of their own), so make sees exit 0 and reports no error.
+* SIGINT, SIGTERM, SIGHUP (the terminal was closed) or SIGQUIT: every process gets SIGTERM;
+  whatever is still running after ``--stop-timeout`` seconds gets SIGKILL, and so does whatever
+  a process left in its group; then exit 0, since stopping was asked for. A second signal kills
+  at once. Under ``make run``, Ctrl-C reaches only make and this process (the children are in
+  sessions of their own), so this process exits 0 and make prints no ``make: ***`` error line;
+  make then re-raises the SIGINT on itself, as GNU make does on Ctrl-C, so the shell sees
+  status 130.
+* If this process dies without stopping them (SIGKILL, a crash), the processes stop too, within
+  ``--stop-timeout`` seconds: each runs under a small watcher (this file, ``--watch``) that the
+  kernel tells when this process is gone, because the watcher holds the read end of a pipe
+  whose only write end this process holds; the watcher then stops its process as this process
+  would have. A watcher rather than Linux's ``prctl(PR_SET_PDEATHSIG)``: that needs a
+  ``preexec_fn`` (unsafe here: the output readers are threads) or an exec wrapper, reaches the
+  direct child only (not redis-server or a Celery worker's pool), cannot follow SIGTERM with
+  SIGKILL for a process that ignores it, and exists on Linux only. The watcher forwards the
+  signals it gets to its process and exits as it did, so the pid in ``started with pid`` can be
+  signalled like the process itself.
+* Output goes on when nobody reads it any more: a write to a closed terminal (EIO) or to a pipe
+  whose reader is gone (EPIPE) turns the output off, and supervising goes on.
 
 Usage: ``python tools/supervise.py [-f Procfile.dev] [-d DIR] [--stop-timeout 10]``
 """
@@ -26,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -35,13 +52,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, NoReturn
 
 FIRST_DELAY = 1.0
 MAX_DELAY = 30.0
 STABLE_SECONDS = 30.0  # up this long: the next exit is a new problem, not the same one again
 POLL_SECONDS = 0.1
 SELF = "supervise"
+# The signals that stop everything: Ctrl-C, kill, a closed terminal, Ctrl-\.
+STOP_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+WATCH = "--watch"  # argv[1] of a watcher: supervise.py --watch FD STOP_TIMEOUT -- COMMAND...
 
 
 def parse_procfile(text: str) -> list[tuple[str, str]]:
@@ -80,12 +100,28 @@ class Output:
     def __init__(self, names: list[str]) -> None:
         self.width = max(len(n) for n in [*names, SELF])
         self.lock = threading.Lock()
+        self.lost = False  # nobody reads stdout any more
 
     def line(self, name: str, text: str) -> None:
         stamp = time.strftime("%H:%M:%S")
         with self.lock:
-            sys.stdout.write(f"{stamp} {name:<{self.width}} | {text}\n")
-            sys.stdout.flush()
+            if self.lost:
+                return
+            try:
+                sys.stdout.write(f"{stamp} {name:<{self.width}} | {text}\n")
+                sys.stdout.flush()
+            except OSError:  # EIO: the terminal was closed; EPIPE: the reader has gone
+                self.lost = True
+                self._discard()
+
+    @staticmethod
+    def _discard() -> None:
+        """Point stdout at /dev/null, so that what is still buffered (and Python's flush at
+        exit) goes nowhere instead of failing again; the readers keep draining the pipes."""
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
     def pump(self, name: str, stream: IO[bytes]) -> None:
         with stream:
@@ -103,18 +139,22 @@ class Process:
     quick_exits: int = 0
     readers: list[threading.Thread] = field(default_factory=list)
 
-    def start(self, out: Output, cwd: Path) -> None:
+    def start(self, out: Output, cwd: Path, lifeline: int, stop_timeout: float) -> None:
+        """Start the command under a watcher holding ``lifeline``, the read end of the pipe
+        whose write end only the supervisor holds (see ``watch``)."""
         self.started_at = time.monotonic()
         try:
-            # A session (hence a process group) of its own: the terminal's Ctrl-C does not reach
-            # it, so it stops once, when we say; and killpg reaches its children too.
+            # A session (hence a process group) of its own: the terminal's Ctrl-C and hangup do
+            # not reach it, so it stops once, when we say; and killpg reaches its children too.
             self.popen = subprocess.Popen(
-                shlex.split(self.command),
+                [sys.executable, str(Path(__file__).resolve()), WATCH, str(lifeline),
+                 str(stop_timeout), "--", *shlex.split(self.command)],
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                pass_fds=(lifeline,),
             )
         except OSError as exc:
             out.line(SELF, f"{self.name} could not start: {exc}")
@@ -152,6 +192,9 @@ class Supervisor:
         self.cwd = cwd
         self.stop_timeout = stop_timeout
         self.signals: list[int] = []
+        # Never written to: when this process is gone, however it died, the kernel closes the
+        # write end and every watcher reads EOF from its copy of the read end.
+        self.lifeline, self._lifeline_w = os.pipe()
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
@@ -161,16 +204,16 @@ class Supervisor:
                     signal_group(p.popen.pid, signal.SIGKILL)
 
     def run(self) -> int:
-        signal.signal(signal.SIGINT, self._on_signal)
-        signal.signal(signal.SIGTERM, self._on_signal)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self._on_signal)
         for p in self.procs:
-            p.start(self.out, self.cwd)
+            p.start(self.out, self.cwd, self.lifeline, self.stop_timeout)
         while not self.signals:
             now = time.monotonic()
             for p in self.procs:
                 if p.popen is None:
                     if now >= p.start_at:
-                        p.start(self.out, self.cwd)
+                        p.start(self.out, self.cwd, self.lifeline, self.stop_timeout)
                 elif (code := p.popen.poll()) is not None:
                     p.exited(self.out, code)
             time.sleep(POLL_SECONDS)
@@ -182,7 +225,10 @@ class Supervisor:
         running = [p for p in self.procs if p.popen is not None]
         for p in running:
             assert p.popen is not None
-            signal_group(p.popen.pid, signal.SIGTERM)
+            # To the watcher, which passes it on to its process: the process alone gets it, as
+            # if it were our child, and what it started gets SIGKILL once it has exited.
+            with contextlib.suppress(ProcessLookupError):
+                p.popen.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.stop_timeout
         for p in running:
             assert p.popen is not None
@@ -201,7 +247,60 @@ class Supervisor:
         self.out.line(SELF, "every process stopped")
 
 
+def watch(lifeline: int, stop_timeout: float, command: list[str]) -> int:
+    """Run ``command`` as our child, in our process group, until it exits; exit as it did.
+
+    The signals in STOP_SIGNALS that we get are passed on to it, so that the supervisor (and
+    whoever signals the pid it logged) stops it as if it were the supervisor's own child. When
+    ``lifeline`` reads EOF the supervisor is gone: stop the command as the supervisor would have
+    (SIGTERM, SIGKILL after ``stop_timeout``) and then everything left in our group."""
+    child: subprocess.Popen[bytes] | None = None
+    pending: list[int] = []
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if child is None:
+            pending.append(signum)
+        elif child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+
+    # Handlers, not SIG_IGN: the command gets the default dispositions back when it execs.
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, forward)
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"could not start: {exc}", flush=True)
+        return 127
+    for waiting in pending:
+        forward(waiting, None)
+    while (code := child.poll()) is None:
+        ready, _, _ = select.select([lifeline], [], [], POLL_SECONDS)
+        if ready and not os.read(lifeline, 1):
+            _orphaned(child, stop_timeout)
+    if code < 0:  # die of the same signal, so that the supervisor logs it as the command's
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's cannot be changed
+            signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        return 128 - code  # a signal whose default is to be ignored
+    return code
+
+
+def _orphaned(child: subprocess.Popen[bytes], stop_timeout: float) -> NoReturn:
+    with contextlib.suppress(ProcessLookupError):
+        child.send_signal(signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=stop_timeout)
+    if os.getpgrp() == os.getpid():  # our own group, as the supervisor starts us
+        os.killpg(os.getpid(), signal.SIGKILL)  # what is left, and ourselves
+    child.kill()
+    os._exit(1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [WATCH]:
+        return watch(int(argv[1]), float(argv[2]), argv[4:])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("-f", "--procfile", type=Path, default=Path("Procfile.dev"))
     parser.add_argument("-d", "--directory", type=Path, default=None,
