@@ -34,9 +34,10 @@ OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
 class AgentSettings:
     """What the deployment tells its agents. The web app builds it from Django settings
     (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``); a script or a test
-    builds its own. No defaults here: the deployment's settings are the one place for them."""
+    builds its own. No defaults here: the deployment's settings are the one place for them.
+    Secrets stay out of the repr, which logs and tracebacks print."""
 
-    stripe_api_key: str
+    stripe_api_key: str = field(repr=False)
     stripe_api_base: str
     sandbox_dir: Path
 
