@@ -5,9 +5,13 @@ an operator's rejection), the charge is refunded exactly once, with an idempoten
 the same on every retry, and only after checking what Stripe already refunded.
 
 Not every error is a reason to unwind: when Stripe cannot be reached the run is held ``failed``
-(``checkout_error_policy``) so that an operator can retry it once Stripe answers again. The
-Stripe calls carry idempotency keys made from the run's id, so a retry after an answer that was
-lost on the way back gets Stripe's first answer again instead of charging the card twice.
+(``checkout_error_policy``) so that an operator can retry it once Stripe answers again.
+
+A charge whose answer was lost may have happened. So the PaymentIntent names its run in its
+metadata, and both the charge and the refund look for it before they act: a retry reuses the
+charge it finds (Stripe keeps idempotency keys for 24 hours only, and the local stand-in not at
+all), and the refund, which may run for a failed or in-doubt step (it is ``in_doubt_safe``),
+refunds what it finds and what is left of it, never more.
 """
 
 from __future__ import annotations
@@ -58,6 +62,24 @@ def checkout_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
     return "compensate"
 
 
+RUN_KEY, STEP_KEY = "stateguard_run", "stateguard_step"
+# No blind resend of a charge or a refund by the SDK after a lost answer: a retry goes through
+# the lookup first (the node's, or the compensation's next attempt), which holds beyond
+# Stripe's 24-hour idempotency window and on stand-ins that keep no idempotency keys.
+_ONCE: Any = {"max_network_retries": 0}
+
+
+def find_charge(client: stripe.StripeClient, customer_id: str, run: str) -> Any | None:
+    """The succeeded PaymentIntent this run's ``charge_user`` made, if any (by its metadata)."""
+    intents = client.v1.payment_intents.list(params={"customer": customer_id, "limit": 100})
+    for intent in intents.auto_paging_iter():
+        metadata = intent.metadata.to_dict() if intent.metadata else {}
+        if (metadata.get(RUN_KEY) == run and metadata.get(STEP_KEY) == "charge_user"
+                and intent.status == "succeeded"):
+            return intent
+    return None
+
+
 def _charge_id(intent: Any) -> str:
     latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
     return str(latest if isinstance(latest, str) else latest.id)
@@ -75,11 +97,14 @@ def checkout_builder(client: stripe.StripeClient,
         return {"customer_id": customer.id}
 
     def charge_user(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
-        intent = client.v1.payment_intents.create(params={
-            "amount": state["amount"], "currency": state.get("currency", "usd"),
-            "customer": state["customer_id"], "payment_method": "pm_card_visa",
-            "confirm": True}, options={"idempotency_key":
-                                       f"stateguard:{run_id(config)}:charge_user"})
+        run = run_id(config)
+        intent = find_charge(client, state["customer_id"], run)
+        if intent is None:
+            intent = client.v1.payment_intents.create(params={
+                "amount": state["amount"], "currency": state.get("currency", "usd"),
+                "customer": state["customer_id"], "payment_method": "pm_card_visa",
+                "confirm": True, "metadata": {RUN_KEY: run, STEP_KEY: "charge_user"}},
+                options=_ONCE | {"idempotency_key": f"stateguard:{run}:charge_user"})
         return {"payment_intent_id": intent.id, "charge_id": _charge_id(intent),
                 "amount_charged": intent.amount}
 
@@ -100,10 +125,16 @@ def checkout_builder(client: stripe.StripeClient,
 
 
 def refund_compensation(client: stripe.StripeClient) -> Compensation:
-    """Refund what is left of the charge: check Stripe first, then refund with a stable key."""
+    """Refund what is left of the charge: find it, check Stripe, refund with a stable key.
+
+    ``in_doubt_safe``: it acts only on a charge it finds, so it also runs for a ``charge_user``
+    that failed or was cut off mid-way, whose charge may exist without its id in the state."""
 
     def refund_stripe_charge(state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        charge_id = state.get("charge_id")
+        charge_id = (state or {}).get("charge_id")
+        if not charge_id and (state or {}).get("customer_id"):
+            intent = find_charge(client, state["customer_id"], ctx.run_id)
+            charge_id = _charge_id(intent) if intent is not None else None
         if not charge_id:
             return False  # the charge never happened: nothing to undo
         charge = client.v1.charges.retrieve(charge_id)
@@ -113,10 +144,10 @@ def refund_compensation(client: stripe.StripeClient) -> Compensation:
         client.v1.refunds.create(
             params={"charge": charge_id, "amount": remaining,
                     "metadata": {"stateguard_run": ctx.run_id, "reason": ctx.reason}},
-            options={"idempotency_key": ctx.idempotency_key})
+            options=_ONCE | {"idempotency_key": ctx.idempotency_key})
         return True
 
-    return Compensation(refund_stripe_charge)
+    return Compensation(refund_stripe_charge, in_doubt_safe=True)
 
 
 def checkout_guard_kwargs(client: stripe.StripeClient) -> dict[str, Any]:

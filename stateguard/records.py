@@ -40,7 +40,7 @@ class RunStatus(StrEnum):
 class StepStatus(StrEnum):
     STARTED = "started"  # body running; if the process died, this step is in doubt
     SUCCEEDED = "succeeded"
-    FAILED = "failed"  # the body raised: treated as "no effect"
+    FAILED = "failed"  # the body raised: no effect, unless an in_doubt_safe compensation finds one
     VIOLATED = "violated"  # the body ran (its effect happened) but an invariant failed after it
 
 

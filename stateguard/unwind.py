@@ -54,12 +54,24 @@ class _Planned:
 
 def plan(journal: Journal, run_id: str, spec: GuardSpec, *, include_in_doubt: bool
          ) -> list[_Planned]:
-    """Steps to undo, newest first: in-doubt steps (started last), then by completion order."""
+    """Steps to undo, newest first: steps whose effect is unknown (started last), then by
+    completion order.
+
+    Unknown: a step left "started" by a dead process (with ``include_in_doubt``), and a step
+    that failed but whose compensation is ``in_doubt_safe``. A body can raise after its effect
+    happened (the provider charged the card, and its answer was lost); a compensation that
+    checks before it acts costs nothing when there was no effect, and catches that one."""
     steps = journal.steps(run_id)
     done = sorted((s for s in steps if s.status in EFFECT_STATUSES),
                   key=lambda s: s.done_seq or 0, reverse=True)
-    doubtful = sorted((s for s in steps if s.status == StepStatus.STARTED and include_in_doubt),
-                      key=lambda s: s.started_at, reverse=True)
+
+    def unknown(step: StepRecord) -> bool:
+        if step.status == StepStatus.STARTED:
+            return include_in_doubt
+        comp = spec.compensation_for(step.node, step.tags)
+        return step.status == StepStatus.FAILED and comp is not None and comp.in_doubt_safe
+
+    doubtful = sorted((s for s in steps if unknown(s)), key=lambda s: s.started_at, reverse=True)
     return ([_Planned(s, spec.compensation_for(s.node, s.tags), True) for s in doubtful]
             + [_Planned(s, spec.compensation_for(s.node, s.tags), False) for s in done])
 

@@ -77,6 +77,23 @@ def _set_persistence(store_path: Path | None) -> None:
                   f"starting empty", file=sys.stderr, flush=True)
 
 
+def _list_payment_intents_by_customer() -> None:
+    """Stripe lists a customer's PaymentIntents (``GET /v1/payment_intents?customer=...``);
+    localstripe refuses the filter. The checkout agent looks a charge up that way (by the
+    run and step it names in its metadata), so give the stand-in the filter Stripe has."""
+    intent: Any = ls_resources.PaymentIntent
+    list_all = ls_resources.StripeObject._api_list_all.__func__  # type: ignore[attr-defined]
+
+    def _api_list_all(cls: Any, url: str, customer: str | None = None, limit: Any = None,
+                      starting_after: Any = None) -> Any:
+        listed = list_all(cls, url, limit=limit, starting_after=starting_after)
+        if customer is not None:
+            listed._list = [p for p in listed._list if p.customer == customer]
+        return listed
+
+    intent._api_list_all = classmethod(_api_list_all)
+
+
 def _configure_logging() -> logging.Logger:
     # Same as localstripe.server.start(): access log (and webhook log) to stderr.
     logger = logging.getLogger("aiohttp.access")
@@ -95,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.store is not None:
         args.store.parent.mkdir(parents=True, exist_ok=True)
     _set_persistence(args.store)
+    _list_payment_intents_by_customer()
     access_log = _configure_logging()
 
     # Bind ourselves (like localstripe's start(), but IPv4 loopback only) so that

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import stripe
 
 from agents.checkout import BookingFailed, checkout_builder, checkout_guard_kwargs
 from stateguard import InvalidRunState, SagaAborted, StateGuardCheckpointer, StateGuardWarning
+from tests.core.lossy_relay import LossyRelay
 
 ORDER = {"email": "alice@example.com", "amount": 4200, "currency": "usd", "fail_booking": True}
 
@@ -79,3 +81,46 @@ def test_it_keeps_the_charge_when_the_checkout_succeeds(
                        {"configurable": {"thread_id": "checkout-3"}})
     charge = stripe_client.v1.charges.retrieve(out["charge_id"])
     assert out["order_id"].startswith("order-") and charge.amount_refunded == 0
+
+
+@pytest.fixture
+def lossy(localstripe_url: str, stripe_client: stripe.StripeClient) -> Iterator[LossyRelay]:
+    relay = LossyRelay(localstripe_url)
+    yield relay
+    relay.close()
+
+
+def lost_charge_answer(lossy: LossyRelay, run: str) -> tuple[StateGuardCheckpointer, Any]:
+    """Run a checkout whose charge reaches Stripe while its answer is lost on the way back."""
+    client = stripe.StripeClient("sk_test_stateguard", base_addresses={"api": lossy.url})
+    guard = StateGuardCheckpointer(**checkout_guard_kwargs(client))
+    graph = guard.compile(checkout_builder(client))
+    lossy.lose = b"POST /v1/payment_intents"
+    with pytest.raises(stripe.APIConnectionError):  # held for an operator, not unwound
+        guard.invoke(graph, {**ORDER, "fail_booking": False}, {"configurable": {"thread_id": run}})
+    lossy.lose = None
+    assert lossy.lost == 1 and guard.status(run).run.status == "failed"
+    return guard, graph
+
+
+def test_it_refunds_a_charge_whose_answer_was_lost_when_the_operator_compensates(
+        lossy: LossyRelay, stripe_client: stripe.StripeClient) -> None:
+    guard, graph = lost_charge_answer(lossy, "lost-1")
+    (charge,) = stripe_client.v1.charges.list().data  # Stripe did charge the card
+    assert charge.amount_refunded == 0
+
+    report = guard.compensate(graph, {"configurable": {"thread_id": "lost-1"}}, by="carol")
+    assert {o.node: str(o.status) for o in report.outcomes}["charge_user"] == "succeeded"
+    charge = stripe_client.v1.charges.retrieve(charge.id)
+    assert charge.amount_refunded == charge.amount  # refunded, and only what was charged
+    assert guard.status("lost-1").run.status == "compensated"
+
+
+def test_it_charges_once_when_a_run_whose_answer_was_lost_is_retried(
+        lossy: LossyRelay, stripe_client: stripe.StripeClient) -> None:
+    guard, graph = lost_charge_answer(lossy, "lost-2")
+    out = guard.retry(graph, {"configurable": {"thread_id": "lost-2"}})
+
+    (charge,) = stripe_client.v1.charges.list().data  # the retry found it: no second charge
+    assert out["charge_id"] == charge.id and charge.amount_refunded == 0
+    assert guard.status("lost-2").run.status == "succeeded"

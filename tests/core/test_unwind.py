@@ -246,3 +246,37 @@ def test_it_finishes_the_unwind_when_the_state_cannot_be_read_back() -> None:
     assert effects == ["a", "b", "c", "undo:b", "undo:a"]
     assert caught.value.report.compensated == ["b", "a"]
     assert guard.status("unreadable").run.status == RunStatus.COMPENSATED
+
+
+def test_it_lets_an_in_doubt_safe_compensation_check_a_failed_step() -> None:
+    # A body can raise after its effect happened (the answer was lost): a compensation that
+    # checks before it acts runs for it too; one that does not is not given a failed step.
+    seen: list[tuple[str, bool]] = []
+
+    def check_then_undo(node: str) -> Compensation:
+        def compensation(state: dict[str, Any], ctx: Any) -> bool:
+            seen.append((node, ctx.in_doubt))
+            return False  # looked: nothing there
+        return Compensation(compensation, in_doubt_safe=True)
+
+    def undo_b(state: dict[str, Any], ctx: Any) -> bool:
+        seen.append(("b", ctx.in_doubt))
+        return True
+
+    guard = StateGuardCheckpointer(compensations={"a": undo([], "a"), "b": undo_b,
+                                                  "c": check_then_undo("c")})
+    graph = guard.compile(line_builder(["a", "b", "c"], [], {"b": lambda s: {}}))
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(graph, {"fail_at": "c"}, config("failed-safe"))
+    assert seen == [("c", True), ("b", False)]  # c (failed) looked first, then b undone
+    outcomes = {o.node: str(o.status) for o in caught.value.report.outcomes}
+    assert outcomes == {"c": "nothing_to_undo", "b": "succeeded", "a": "succeeded"}
+
+
+def test_it_gives_no_failed_step_to_a_compensation_that_does_not_check() -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(compensations={"c": undo(effects, "c")})
+    graph = guard.compile(line_builder(["a", "b", "c"], effects))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "c"}, config("failed-unsafe"))
+    assert "undo:c" not in effects
