@@ -15,14 +15,22 @@ threads, so it observes rather than instruments:
 LangGraph runs these calls on a thread pool, so a call may overtake an earlier one; each call that
 acts on the whole run first waits for the run's calls already in flight.
 
-What is kept for a run lives from its start to the exit of LangGraph's loop, which comes after
-the pool has finished the run's calls; a later invoke on the thread starts afresh from the
-checkpoint it loads. A guard lives as long as the server, so nothing may outlive its run.
+What is kept for a run lives from its start until LangGraph's loop for the run has exited (or been
+collected, for a start LangGraph rejected inside the loop's own ``__enter__``) and the run's last
+observation call has returned: a second cancellation of ``ainvoke`` can end the loop's exit while an
+``aput_writes`` is still running. A later invoke on the thread starts afresh from the checkpoint it
+loads. A guard lives as long as the server, so nothing may outlive its run.
+
+Finding the loop relies on LangGraph internals (named below; a test checks them against the pinned
+version). Should they move, the observer still observes and logs once; a run is then forgotten
+when its loop is collected or, without a loop, only beyond a cap on how many runs are kept.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import logging
 import sys
 import threading
 import warnings
@@ -31,6 +39,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -48,9 +57,14 @@ _ABORTED = frozenset({RunStatus.COMPENSATING, RunStatus.COMPENSATED, RunStatus.N
 _DRAIN_TIMEOUT = 10.0
 # A run's put_writes reads the checkpoint its step started from, at most a few steps back.
 _VALUES_PER_RUN = 16
-# A run whose loop never exits (LangGraph failed inside its own start: invoke(None) on a new
-# thread) is never ended; keep only the most recently active runs, far more than run at once.
+# A backstop for runs whose end is not seen (LangGraph's internals moved): beyond this many, the
+# least recently active runs with no call in flight and no live loop are forgotten.
 _MAX_RUNS = 10_000
+# LangGraph internals: the class of the loop that calls get_tuple as a run starts, and its exit
+# stack, which unwinds after the loop's executor has waited for the run's put/put_writes.
+_LOOP_MODULE, _LOOP_CLASS, _LOOP_STACK = "langgraph.pregel._loop", "PregelLoop", "stack"
+
+logger = logging.getLogger("stateguard")
 
 
 class StateGuardWarning(UserWarning):
@@ -70,6 +84,12 @@ class _Run:
     values: OrderedDict[str, dict[str, Any]] = field(default_factory=OrderedDict)  # by checkpoint
     # A checkpoint raised a violation: LangGraph saves no later one, so nothing may wait for one.
     stopped: bool = False
+    loop: weakref.ref[Any] | None = None  # LangGraph's loop running it, if found
+    ended: bool = False  # that loop exited or was collected: forget it once no call is in flight
+
+    def alive(self) -> bool:
+        """Its loop may still make calls (unknown without a loop: the cap decides)."""
+        return not self.ended and self.loop is not None and self.loop() is not None
 
 
 class DropInObserver:
@@ -83,6 +103,7 @@ class DropInObserver:
             Any, tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]] = (
             weakref.WeakKeyDictionary())
         self._runs: OrderedDict[str, _Run] = OrderedDict()  # by run id, least recently active first
+        self._degraded = False
 
     @staticmethod
     def mode(config: RunnableConfig) -> str | None:
@@ -98,7 +119,7 @@ class DropInObserver:
         mode = self.mode(config)
         if mode is None:
             return
-        graph, loop = self._starting_run()
+        graph, loop = self._starting_run(sys._getframe(1))
         if graph is None:
             return  # get_state() and other reads, not a run
         run_id = str(config.get("configurable", {}).get("thread_id"))
@@ -109,15 +130,72 @@ class DropInObserver:
         live = _Run(nodes, channels)
         if saved is not None:
             live.values[saved.checkpoint["id"]] = state_values(saved.checkpoint["channel_values"])
+        if loop is not None:
+            self._follow(loop, run_id, live)
         with self._cond:
             self._runs[run_id] = live
             self._runs.move_to_end(run_id)
-            while len(self._runs) > _MAX_RUNS:
-                self._runs.popitem(last=False)
-        if loop is not None:
+            if len(self._runs) > _MAX_RUNS:
+                self._evict()
+
+    def _follow(self, loop: Any, run_id: str, live: _Run) -> None:
+        """End ``live`` when its loop exits or, if it never does (LangGraph rejected the start
+        inside the loop's ``__enter__``), when the loop is collected."""
+        collected: weakref.finalize[[str, _Run], None] | None = None
+        try:
+            live.loop = weakref.ref(loop)
+            # Its callback holds no reference to the loop, or the loop would never be collected.
+            collected = weakref.finalize(loop, self._run_ended, run_id, live)
+            collected.atexit = False
+        except TypeError:  # a loop that cannot be weakly referenced
+            live.loop = None
+            self._degrade(f"LangGraph's {_LOOP_CLASS} cannot be weakly referenced",
+                          f"when its loop exits (a rejected start: beyond {_MAX_RUNS} runs)")
+        callback = getattr(getattr(loop, _LOOP_STACK, None), "callback", None)
+        if callable(callback):
             # Pushed before LangGraph enters its background executor, so this runs after the
-            # executor has waited for the run's last put/put_writes.
-            loop.stack.callback(self._run_ended, run_id, live)
+            # executor has waited for the run's last put/put_writes (or was cancelled doing so).
+            callback(self._loop_exited, run_id, live, collected)
+        else:
+            self._degrade(f"LangGraph's {_LOOP_CLASS} has no exit stack {_LOOP_STACK!r}",
+                          "once LangGraph's loop is collected")
+
+    def _loop_exited(self, run_id: str, live: _Run,
+                     collected: weakref.finalize[[str, _Run], None] | None) -> None:
+        if collected is not None:
+            collected.detach()
+        self._run_ended(run_id, live)
+
+    def _run_ended(self, run_id: str, live: _Run) -> None:
+        with self._cond:
+            live.ended = True
+            self._forget_if_done(run_id)
+
+    # The two below run with the lock held. The lock is re-entrant, and a loop's finalizer may
+    # run on a thread that holds it (a garbage collection starts at any allocation): so they
+    # never iterate the dict itself, and tolerate an entry vanishing under them.
+    def _forget_if_done(self, run_id: str) -> None:
+        """Drop the run's record if its loop has ended and none of its calls is in flight (a
+        second cancellation ends the loop's exit without waiting for its calls)."""
+        live = self._runs.get(run_id)
+        if live is not None and live.ended and run_id not in self._in_flight:
+            self._runs.pop(run_id, None)
+
+    def _evict(self) -> None:
+        """Forget the least recently active runs beyond the cap that can make no more calls;
+        never a run with a call in flight or a live loop (one blocked in a long node)."""
+        for run_id in list(self._runs):  # keys only: nothing allocated while iterating
+            if len(self._runs) <= _MAX_RUNS:
+                return
+            live = self._runs.get(run_id)
+            if live is not None and run_id not in self._in_flight and not live.alive():
+                self._runs.pop(run_id, None)
+
+    def _degrade(self, what: str, forgotten: str) -> None:
+        if not self._degraded:  # once per guard, not on every invoke
+            self._degraded = True
+            logger.warning("StateGuard drop-in: %s (LangGraph internals moved?). Runs are still "
+                           "observed; what is kept for one is forgotten %s.", what, forgotten)
 
     def _admit(self, run_id: str, config: RunnableConfig) -> None:
         run = self.core.journal.run_get(run_id)
@@ -138,13 +216,7 @@ class DropInObserver:
                 "invoke with durability='sync', to stop the run before the next node.",
                 StateGuardWarning, stacklevel=3)
 
-    def _run_ended(self, run_id: str, live: _Run) -> None:
-        with self._cond:
-            if self._runs.get(run_id) is live:  # not a later run on the same thread
-                del self._runs[run_id]
-
-    @staticmethod
-    def _starting_run() -> tuple[Any, Any]:
+    def _starting_run(self, frame: FrameType | None) -> tuple[Any, Any]:
         """The compiled graph whose run is starting and LangGraph's loop for that run (or
         ``None``), or ``(None, None)`` if this is not a run start.
 
@@ -153,21 +225,32 @@ class DropInObserver:
         loop and the graph are the ``self`` of frames a few levels up (``get_state`` reads go
         through other methods)."""
         from langgraph.pregel import Pregel
-        from langgraph.pregel._loop import PregelLoop
 
-        frame, loop = sys._getframe(2), None
+        loop_type = self._loop_type()
+        loop = None
         for _ in range(40):
             if frame is None:
                 break
             owner = frame.f_locals.get("self")
-            if isinstance(owner, PregelLoop) and loop is None:
+            if loop_type is not None and loop is None and isinstance(owner, loop_type):
                 loop = owner
             if isinstance(owner, Pregel):
                 if frame.f_code.co_name in ("stream", "astream"):
                     return owner, loop
                 break
-            frame = frame.f_back  # type: ignore[assignment]
+            frame = frame.f_back
         return None, None
+
+    def _loop_type(self) -> type | None:
+        try:
+            found = getattr(importlib.import_module(_LOOP_MODULE), _LOOP_CLASS)
+        except (ImportError, AttributeError):
+            found = None
+        if not isinstance(found, type):
+            self._degrade(f"{_LOOP_MODULE}.{_LOOP_CLASS} was not found",
+                          f"only beyond {_MAX_RUNS} runs, least recently active first")
+            return None
+        return found
 
     def _learn_graph(self, graph: Any) -> tuple[dict[str, tuple[str, ...]], Mapping[str, Any]]:
         """Validate the guard's names against the graph, and return its tags and reducers
@@ -192,9 +275,12 @@ class DropInObserver:
             yield
         finally:
             with self._cond:
-                left = self._in_flight.pop(run_id) - 1
+                left = self._in_flight[run_id] - 1
                 if left:
                     self._in_flight[run_id] = left
+                else:
+                    del self._in_flight[run_id]
+                    self._forget_if_done(run_id)  # the last call of a run whose loop ended
                 self._cond.notify_all()
 
     def _drain(self, run_id: str) -> None:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
+import sys
 import warnings
+from typing import Any
 
+import langgraph.pregel._loop
 import pytest
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.pregel._loop import AsyncPregelLoop, SyncPregelLoop
 
 from stateguard import (
     ConfigurationError,
@@ -12,8 +21,9 @@ from stateguard import (
     RunStatus,
     StateGuardCheckpointer,
     StateGuardWarning,
+    dropin,
 )
-from tests.core.support import FAST_RETRY, config, line_builder, undo
+from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
 
 NODES = ["reserve", "charge", "email", "ship"]
 
@@ -115,3 +125,74 @@ def test_it_refuses_approval_gates_without_instrumentation() -> None:
     with pytest.raises(ConfigurationError, match=r"guard\.compile"):
         graph.invoke({}, config("d6"))
     assert effects == []
+
+
+def ship(state: dict[str, Any]) -> dict[str, Any]:
+    if state.get("fail_at") == "ship":
+        raise ValueError("ship failed")
+    return {"log": ["ship"]}
+
+
+def money_builder(pay: Any, then: Any = ship) -> StateGraph[Any, Any, Any, Any]:
+    """``pay``, tagged "money" (a tag-keyed compensation refunds it), then ``then``."""
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(LineState)
+    builder.add_node("pay", pay, metadata={"tags": ["money"]})
+    builder.add_node(then.__name__, then)
+    builder.add_edge(START, "pay")
+    builder.add_edge("pay", then.__name__)
+    builder.add_edge(then.__name__, END)
+    return builder
+
+
+def money_graph(guard: StateGuardCheckpointer, seen: list[Any] | None = None) -> Any:
+    """A money graph whose ``pay`` puts the loop the observer follows for its run in ``seen``."""
+
+    def pay(state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        if seen is not None:
+            live = guard._observer._runs[config["configurable"]["thread_id"]]
+            seen.append(live.loop() if live.loop is not None else None)
+        return {"log": ["pay"]}
+
+    return money_builder(pay).compile(checkpointer=guard)
+
+
+def test_it_follows_langgraphs_loop_and_forgets_a_run_when_the_loop_exits(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The observer relies on LangGraph internals; with the pinned LangGraph it must find them,
+    # so an upgrade that moves them fails here rather than degrading silently.
+    guard = StateGuardCheckpointer()
+    loops: list[Any] = []  # kept alive: the run must be forgotten at the exit, not collection
+    graph = money_graph(guard, loops)
+    with caplog.at_level(logging.WARNING, logger="stateguard"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph.invoke({}, config("sync"))
+        asyncio.run(graph.ainvoke({}, config("async")))
+    assert [type(loop) for loop in loops] == [SyncPregelLoop, AsyncPregelLoop]
+    assert guard._observer._runs == {}
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("moved", ["module", "class", "stack"])
+def test_it_still_observes_when_langgraphs_internals_move(
+        moved: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # A later LangGraph 1.x may rename the private module, the loop class or its exit stack.
+    if moved == "module":
+        monkeypatch.setitem(sys.modules, "langgraph.pregel._loop", None)  # import fails
+    elif moved == "class":
+        monkeypatch.delattr(langgraph.pregel._loop, "PregelLoop")
+    else:
+        monkeypatch.setattr(dropin, "_LOOP_STACK", "exit_stack", raising=False)
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(compensations={"money": undo(effects, "money")})
+    graph = money_graph(guard)
+    with caplog.at_level(logging.WARNING, logger="stateguard"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for thread in ("m1", "m2"):
+            with pytest.raises(ValueError, match="ship failed"):
+                graph.invoke({"fail_at": "ship"}, config(thread))
+    assert effects == ["undo:money"] * 2  # pay's tag still comes from the graph
+    assert len(caplog.records) == 1  # logged once per guard, not on every invoke
+    assert "LangGraph internals moved" in caplog.records[0].getMessage()
+    if moved == "stack":  # the loop was found: its collection ends the run
+        gc.collect()
+        assert guard._observer._runs == {}

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 import warnings
 from collections.abc import Sized
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.errors import EmptyInputError
 from langgraph.graph import START, StateGraph
 
 from stateguard import InvariantViolation, StateGuardCheckpointer, dropin
 from tests.core.support import LineState, config, line_builder, undo
+from tests.core.test_dropin import money_builder
 
 NODES = ["a", "b", "c"]
 
@@ -108,3 +112,110 @@ def test_it_journals_a_resumed_step_against_the_state_it_resumed_from() -> None:
     assert time.monotonic() - started < 2  # no wait for a checkpoint of the earlier invoke
     b = next(s for s in guard.status("paused").steps if s.node == "b")
     assert b.state_after == {"balance": 10, "log": ["a", "b"]}
+
+
+def test_it_keeps_a_live_run_while_rejected_starts_pile_up_past_the_cap(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # invoke(None) on a new thread fails inside LangGraph's own start: its loop never exits.
+    monkeypatch.setattr(dropin, "_MAX_RUNS", 5)  # for 10 000, as fast
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(compensations={"money": undo(effects, "money")})
+    paying, paid = threading.Event(), threading.Event()
+
+    def pay(state: dict[str, Any]) -> dict[str, Any]:  # a slow payment provider
+        paying.set()
+        assert paid.wait(10)
+        effects.append("pay")
+        return {"log": ["pay"]}
+
+    graph = money_builder(pay).compile(checkpointer=guard)
+    failures: list[BaseException] = []
+
+    def live_run() -> None:
+        try:
+            graph.invoke({"balance": 10, "fail_at": "ship"}, config("live"))
+        except BaseException as exc:  # checked below
+            failures.append(exc)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        worker = threading.Thread(target=live_run)
+        worker.start()
+        try:
+            assert paying.wait(10)
+            for i in range(4 * dropin._MAX_RUNS):
+                with pytest.raises(EmptyInputError):
+                    graph.invoke(None, config(f"rejected-{i}"))
+        finally:
+            paid.set()
+            worker.join(10)
+
+    assert [type(exc) for exc in failures] == [ValueError]
+    step = next(s for s in guard.status("live").steps if s.node == "pay")
+    assert step.tags == ("money",)
+    assert step.state_after == {"balance": 10, "fail_at": "ship", "log": ["pay"]}
+    assert effects == ["pay", "undo:money"]  # refunded through its tag
+    failures.clear()
+    gc.collect()
+    assert held(guard) <= 1  # the graph; the rejected starts went with their loops
+
+
+def test_it_keeps_a_run_until_its_last_call_ends_when_cancelled_twice() -> None:
+    # anyio cancel scopes and a Starlette client disconnect cancel again while LangGraph's
+    # loop waits in __aexit__ for the run's calls: its exit stack then unwinds while an
+    # aput_writes is still running.
+    class SlowWrites(InMemorySaver):
+        """put_writes of ``pay`` waits for ``release``, like a slow database."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.writing, self.release = threading.Event(), threading.Event()
+
+        async def aput_writes(self, config: Any, writes: Any, task_id: str,
+                              task_path: str = "") -> None:
+            if task_path.endswith("pay"):
+                self.writing.set()
+                while not self.release.is_set():
+                    await asyncio.sleep(0.01)
+            await super().aput_writes(config, writes, task_id, task_path)
+
+    saver = SlowWrites()
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(saver, compensations={"money": undo(effects, "money")})
+
+    async def pay(state: dict[str, Any]) -> dict[str, Any]:
+        return {"log": ["pay"]}
+
+    async def main() -> None:
+        slow = asyncio.Event()
+
+        async def wait(state: dict[str, Any]) -> dict[str, Any]:  # the run is in here
+            slow.set()
+            await asyncio.sleep(30)
+            return {}
+
+        graph = money_builder(pay, then=wait).compile(checkpointer=guard)
+        run = asyncio.create_task(graph.ainvoke({"balance": 10}, config("c")))
+        await asyncio.wait_for(slow.wait(), 10)
+        while not saver.writing.is_set():
+            await asyncio.sleep(0.01)
+        run.cancel()
+        await asyncio.sleep(0.1)  # the loop's __aexit__ now waits for the held put_writes
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        saver.release.set()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                "c" not in guard._observer._runs
+                and any(s.node == "pay" and s.done_seq for s in guard.status("c").steps)):
+            await asyncio.sleep(0.01)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        asyncio.run(main())
+    step = next(s for s in guard.status("c").steps if s.node == "pay")
+    assert step.tags == ("money",)
+    assert step.state_after == {"balance": 10, "log": ["pay"]}
+    gc.collect()
+    assert held(guard) == 0  # dropped once its last call ended (the graph is gone too)
