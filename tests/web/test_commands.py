@@ -80,7 +80,33 @@ class ActionTests(TestCase):
         event = AuditEvent.objects.get(run=self.run)
         assert (event.actor, event.action, event.data) == (
             "alice", "run.rejected",
-            {"node": "charge_user", "step_id": "t1", "reason": "amount too high"})
+            {"node": "charge_user", "step_id": "t1", "reason": "amount too high",
+             "via": f"cli:{getpass.getuser()}"})
+
+    def test_it_says_who_at_the_command_line_acted_as_the_user_named_by_by(self) -> None:
+        # --by names the user the action is recorded as; the login that typed it must show too,
+        # or anyone with a shell could act as anyone without a trace.
+        via = f"cli:{getpass.getuser()}"
+        for action, status in [("approve", Run.Status.PAUSED),
+                               (["reject", "--reason", "no"], Run.Status.PAUSED),
+                               ("retry", Run.Status.FAILED),
+                               ("compensate", Run.Status.FAILED),
+                               (["resolve", "--note", "done"], Run.Status.NEEDS_ATTENTION)]:
+            name, *options = [action] if isinstance(action, str) else action
+            with self.subTest(command=name):
+                # A worker carried out the previous request; the run is where `name` applies.
+                Run.objects.filter(pk=self.run.pk).update(status=status, request=None)
+                Approval.objects.all().delete()
+                self.wait_for_approval()
+                command(name, self.code, *options, "--by", "alice")
+                event = AuditEvent.objects.filter(run=self.run).latest("pk")
+                assert (event.actor, event.data["via"]) == ("alice", via)
+        assert AuditEvent.objects.count() == 5
+
+        submitted = command("submit_run", "provision", "--input", '{"name": "cli-1"}',
+                            "--by", "alice")
+        event = AuditEvent.objects.get(run__code=submitted)
+        assert (event.actor, event.action, event.data["via"]) == ("alice", "run.submitted", via)
 
     def test_it_refuses_a_reject_without_a_reason_and_a_user_nobody_has(self) -> None:
         self.wait_for_approval()
@@ -126,7 +152,8 @@ class ActionTests(TestCase):
         assert printed == f"resolved run {self.code} by hand: it is compensated"
         self.run.refresh_from_db()
         assert self.run.status == Run.Status.COMPENSATED
-        assert AuditEvent.objects.get(run=self.run).data == {"note": "refunded in Stripe"}
+        assert AuditEvent.objects.get(run=self.run).data == {
+            "note": "refunded in Stripe", "via": f"cli:{getpass.getuser()}"}
 
     def test_it_tells_a_malformed_run_id_from_an_unknown_one(self) -> None:
         unknown = str(uuid.uuid4())

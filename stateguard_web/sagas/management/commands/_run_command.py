@@ -1,10 +1,13 @@
 """What the run commands share: the run named on the command line, who acts, and clear refusals.
 
 ``approve``, ``reject``, ``retry``, ``compensate`` and ``resolve`` are each an ``ActionCommand``:
-it takes ``RUN`` and ``--by``, and its ``act()`` calls one service. Everything that goes wrong
-for the operator (a malformed or unknown id, an unknown user, a service's refusal) becomes a
-``CommandError``: one line on stderr, exit status 1, no traceback. ``run_status`` and
-``submit_run`` use ``run_argument()`` and ``user_argument()`` on their own.
+it takes ``RUN`` and ``--by``, and its ``act()`` calls one service. Without ``--by`` the audit
+trail names ``cli:<login name>``; with ``--by alice`` it names alice and says that it was done
+from the command line, from which login (``"via": "cli:<login name>"``, ``cli_actor()``), so
+that acting as another user leaves a trace. Everything that goes wrong for the operator (a
+malformed or unknown id, an unknown user, a service's refusal) becomes a ``CommandError``: one
+line on stderr, exit status 1, no traceback. ``run_status`` and ``submit_run`` use
+``run_argument()`` and ``cli_actor()`` on their own.
 
 The leading underscore keeps this module from being listed as a command.
 """
@@ -13,7 +16,7 @@ from __future__ import annotations
 
 import getpass
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -21,6 +24,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from stateguard_web.sagas import selectors
 from stateguard_web.sagas.models import Run
+
+if TYPE_CHECKING:
+    from stateguard_web.sagas.services import Actor, By
 
 
 def run_argument(value: str) -> Run:
@@ -47,12 +53,29 @@ def user_argument(username: str) -> AbstractBaseUser:
     return user
 
 
+def _login() -> str | None:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name in the environment or the user database
+        return None
+
+
 def os_actor() -> str:
     """``cli:<login name>``: whoever runs the command, named apart from the web app's users."""
-    try:
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError) as exc:  # no login name in the environment or the user database
-        raise CommandError("cannot tell who you are: name a user with --by") from exc
+    login = _login()
+    if login is None:
+        raise CommandError("cannot tell who you are: name a user with --by")
+    return f"cli:{login}"
+
+
+def cli_actor(username: str) -> Actor:
+    """``--by USERNAME``: that user acts, and the audit event says it came from the command
+    line and from which login (``via``), so that acting as someone else leaves a trace."""
+    # Here, not at the top: see ActionCommand.handle.
+    from stateguard_web.sagas.services import Actor
+
+    login = _login()
+    return Actor(user_argument(username), via=f"cli:{login}" if login else "cli")
 
 
 class ActionCommand(BaseCommand):
@@ -69,13 +92,13 @@ class ActionCommand(BaseCommand):
         from stateguard_web.sagas import services
 
         run = run_argument(options["run"])
-        by = user_argument(options["by"]) if options["by"] else os_actor()
+        by = cli_actor(options["by"]) if options["by"] else os_actor()
         try:
             done = self.act(run=run, by=by, options=options)
         except services.ServiceError as exc:  # its message is written for the operator
             raise CommandError(str(exc)) from exc
         self.stdout.write(done)
 
-    def act(self, *, run: Run, by: AbstractBaseUser | str, options: dict[str, Any]) -> str:
+    def act(self, *, run: Run, by: By, options: dict[str, Any]) -> str:
         """Call the service; return what happened, for the operator."""
         raise NotImplementedError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandParser
 
 from stateguard_web.sagas import services
@@ -19,6 +18,6 @@ class Command(ActionCommand):
         super().add_arguments(parser)
         parser.add_argument("--node", help="the node to approve, when more than one waits")
 
-    def act(self, *, run: Run, by: AbstractBaseUser | str, options: dict[str, Any]) -> str:
+    def act(self, *, run: Run, by: services.By, options: dict[str, Any]) -> str:
         services.run_approve(run=run, by=by, node=options["node"])
         return f"approved run {run.code}: a worker resumes it"

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
-
 from stateguard_web.sagas import services
 from stateguard_web.sagas.management.commands._run_command import ActionCommand
 from stateguard_web.sagas.models import Run
@@ -14,6 +12,6 @@ from stateguard_web.sagas.models import Run
 class Command(ActionCommand):
     help = "Compensate a run: a worker undoes its steps' effects, newest first."
 
-    def act(self, *, run: Run, by: AbstractBaseUser | str, options: dict[str, Any]) -> str:
+    def act(self, *, run: Run, by: services.By, options: dict[str, Any]) -> str:
         services.run_compensate(run=run, by=by)
         return f"compensating run {run.code}: a worker undoes its steps, newest first"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandParser
 
 from stateguard_web.sagas import services
@@ -21,6 +20,6 @@ class Command(ActionCommand):
         parser.add_argument("--reason", required=True, help="why, for the audit trail")
         parser.add_argument("--node", help="the node to reject, when more than one waits")
 
-    def act(self, *, run: Run, by: AbstractBaseUser | str, options: dict[str, Any]) -> str:
+    def act(self, *, run: Run, by: services.By, options: dict[str, Any]) -> str:
         services.run_reject(run=run, by=by, node=options["node"], reason=options["reason"])
         return f"rejected run {run.code}: a worker compensates it"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import CommandParser
 
 from stateguard_web.sagas import services
@@ -21,6 +20,6 @@ class Command(ActionCommand):
         parser.add_argument("--note", required=True,
                             help="what was done by hand (for example: refunded in Stripe)")
 
-    def act(self, *, run: Run, by: AbstractBaseUser | str, options: dict[str, Any]) -> str:
+    def act(self, *, run: Run, by: services.By, options: dict[str, Any]) -> str:
         run = services.run_resolve_by_hand(run=run, by=by, note=options["note"])
         return f"resolved run {run.code} by hand: it is {run.status}"

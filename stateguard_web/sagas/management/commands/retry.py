@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
-
 from stateguard_web.sagas import services
 from stateguard_web.sagas.management.commands._run_command import ActionCommand
 from stateguard_web.sagas.models import Run
@@ -14,6 +12,6 @@ from stateguard_web.sagas.models import Run
 class Command(ActionCommand):
     help = "Retry a failed run from the step that failed (never from the start)."
 
-    def act(self, *, run: Run, by: AbstractBaseUser | str, options: dict[str, Any]) -> str:
+    def act(self, *, run: Run, by: services.By, options: dict[str, Any]) -> str:
         services.run_retry(run=run, by=by)
         return f"retrying run {run.code}: a worker resumes it from the failed step"

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from stateguard_web.sagas import services
-from stateguard_web.sagas.management.commands._run_command import user_argument
+from stateguard_web.sagas.management.commands._run_command import cli_actor
 
 
 class Command(BaseCommand):
@@ -19,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("--by", help="username to record as the submitter")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        by = user_argument(options["by"]) if options["by"] else None
+        by = cli_actor(options["by"]) if options["by"] else None
         try:
             run = services.run_submit(agent=options["agent"], input=options["input"], by=by)
         except services.SubmissionError as exc:
