@@ -1,15 +1,16 @@
 """Django settings for StateGuard: one file, configured from the environment.
 
 Every variable read here is listed, with its default, in ``.env.example``. A ``.env`` file at
-the repository root is read if present; real environment variables win over it. The defaults
-run a fresh checkout with nothing else installed: SQLite under ``var/`` and the embedded Redis
-that ``make run`` starts (``tools/embedded_redis.py``). Production settings are in
-``docs/deploy.md``.
+the repository root is read if present (``STATEGUARD_ENV_FILE`` names another file, or none);
+real environment variables win over it. The defaults run a fresh checkout with nothing else
+installed: SQLite under ``var/`` and the embedded Redis that ``make run`` starts
+(``tools/embedded_redis.py``). Production settings are in ``docs/deploy.md``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import environ
@@ -20,8 +21,21 @@ VAR_DIR = BASE_DIR / "var"  # local state: SQLite file, embedded Redis, beat sch
 VAR_DIR.mkdir(exist_ok=True)
 
 env = environ.Env()
-if (BASE_DIR / ".env").is_file():
-    env.read_env(BASE_DIR / ".env")
+# The file of variables read: the repository's .env if there is one, or the file that the
+# environment's STATEGUARD_ENV_FILE names (relative to the repository root), or none when it is
+# empty. The tests set it empty (tests/django_env.py): the .env that `make run` writes
+# (DEBUG=true, localstripe's address) must not change what they test.
+_env_file = os.environ.get("STATEGUARD_ENV_FILE")
+STATEGUARD_ENV_FILE: Path | None = None
+if _env_file is None:
+    if (BASE_DIR / ".env").is_file():
+        STATEGUARD_ENV_FILE = BASE_DIR / ".env"
+elif _env_file:  # named, so it must be there (an absolute path stays as it is)
+    STATEGUARD_ENV_FILE = BASE_DIR / _env_file
+    if not STATEGUARD_ENV_FILE.is_file():
+        raise ImproperlyConfigured(f"STATEGUARD_ENV_FILE is {_env_file!r}: there is no such file.")
+if STATEGUARD_ENV_FILE is not None:
+    env.read_env(STATEGUARD_ENV_FILE)
 
 DEV_SECRET_KEY = "django-insecure-stateguard-dev-only"
 SECRET_KEY = env.str("SECRET_KEY", default=DEV_SECRET_KEY)

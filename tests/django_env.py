@@ -5,9 +5,9 @@ imports ``stateguard_web.settings`` in its ``pytest_load_initial_conftests`` hoo
 ``conftest.py`` is imported: setting ``DATABASE_URL`` in a conftest is too late.
 
 The test database is ``STATEGUARD_TEST_DATABASE_URL`` if set, else the local PostgreSQL; it
-replaces any ``DATABASE_URL`` from the environment or ``.env``, so tests never run against
-the database that ``make run`` or a deployment uses. pytest-django creates and drops
-``test_<NAME>`` on that server. Tests that do not use the database never connect to it.
+replaces any ``DATABASE_URL`` from the environment, so tests never run against the database
+that ``make run`` or a deployment uses. pytest-django creates and drops ``test_<NAME>`` on that
+server. Tests that do not use the database never connect to it. No ``.env`` file is read.
 """
 
 from __future__ import annotations
@@ -24,6 +24,11 @@ os.environ["DATABASE_URL"] = (
 # the embedded one `make run` starts.
 os.environ["REDIS_URL"] = os.environ.get("STATEGUARD_TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
 os.environ.pop("CELERY_BROKER_URL", None)
+
+# No file of variables: the .env that `make run` writes (DEBUG=true, localstripe's address, ...)
+# must not change what the tests see, in this process or in those they start (settings.py,
+# STATEGUARD_ENV_FILE; the manage_py fixture sets it again for each command it runs).
+os.environ["STATEGUARD_ENV_FILE"] = ""
 
 # DEBUG is off unless asked for (settings.py); the tests ask, so that the development SECRET_KEY
 # is accepted and the HTTPS-only defaults stay off for the test client and the workers.

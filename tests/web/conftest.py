@@ -25,14 +25,16 @@ ManagePy = Callable[..., subprocess.CompletedProcess[str]]
 def manage_py() -> ManagePy:
     """Run ``manage.py`` in a fresh interpreter: ``manage_py("check", env={"DEBUG": "false"})``.
 
-    ``env`` is added to this process's environment. Output is captured as text.
+    ``env`` is added to this process's environment. No ``.env`` file is read (empty
+    ``STATEGUARD_ENV_FILE``), even by a test that cleared the app's variables, unless ``env``
+    names one. Output is captured as text.
     """
 
     def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, "STATEGUARD_ENV_FILE": "", **(env or {})},
             capture_output=True,
             text=True,
             timeout=60,

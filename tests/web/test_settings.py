@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import secrets
 import shlex
@@ -60,6 +61,39 @@ def test_it_refuses_the_dev_secret_key_when_debug_is_off(
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "SECRET_KEY" in result.stderr
+
+
+def test_it_reads_no_env_file_in_the_tests(manage_py: ManagePy, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # `make run` writes .env (DEBUG=true, localstripe's address): a developer's .env must not
+    # change what the tests see, here or in the processes they start.
+    # Shown by the variable that says so, since no test may write the repository's .env.
+    from django.conf import settings
+
+    assert settings.STATEGUARD_ENV_FILE is None and os.environ["STATEGUARD_ENV_FILE"] == ""
+    monkeypatch.delenv("STATEGUARD_ENV_FILE")  # as a test that clears the app's variables does
+    printed = _print_setting(
+        manage_py, "settings.STATEGUARD_ENV_FILE, __import__('os').environ['STATEGUARD_ENV_FILE']",
+        _sqlite_env(tmp_path))
+    assert printed == "None "
+
+
+def test_it_reads_the_env_file_that_stateguard_env_file_names(
+    manage_py: ManagePy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env_file = tmp_path / "stateguard.env"
+    env_file.write_text("ALLOWED_HOSTS=from-the-file.example\nSTATEGUARD_SWEEP_SECONDS=7\n")
+    monkeypatch.delenv("ALLOWED_HOSTS", raising=False)
+    env = {**_sqlite_env(tmp_path), "STATEGUARD_ENV_FILE": str(env_file),
+           "STATEGUARD_SWEEP_SECONDS": "5"}  # the environment wins over the file
+    assert _print_setting(
+        manage_py, "(settings.ALLOWED_HOSTS, settings.STATEGUARD_SWEEP_SECONDS)", env
+    ) == "(['from-the-file.example'], 5)"
+
+    env["STATEGUARD_ENV_FILE"] = str(tmp_path / "missing.env")  # named, so it must be there
+    result = manage_py("check", env=env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and "missing.env" in result.stderr
 
 
 def _sqlite_env(tmp_path: Path) -> dict[str, str]:
