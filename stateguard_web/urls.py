@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
-from stateguard_web import health, views
+from stateguard_web import health, metrics, views
 from stateguard_web.api.api import api
 
 urlpatterns = [
@@ -12,4 +12,5 @@ urlpatterns = [
     path("api/health", health.health, name="health"),
     path("api/", api.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics.metrics, name="metrics"),
 ]

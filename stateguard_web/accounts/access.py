@@ -30,7 +30,7 @@ from django.db.models import QuerySet
 from stateguard_web.sagas.models import Run
 from stateguard_web.sagas.selectors import RunNotFound
 
-__all__ = ["Ability", "check", "may", "visible_runs"]
+__all__ = ["Ability", "check", "may", "reads_all_runs", "visible_runs"]
 
 
 class Ability(StrEnum):
@@ -49,6 +49,12 @@ def _reads_all(user: Any) -> bool:
 
 def _reads_own(user: Any) -> bool:
     return bool(user.has_perm("sagas.submit_run"))
+
+
+def reads_all_runs(user: Any) -> bool:
+    """Whether ``user`` may see every run (a viewer, an operator, a superuser): what numbers
+    about the whole journal need (GET /metrics), since they tell of everyone's runs."""
+    return _active(user) and (user.is_superuser or _reads_all(user))
 
 
 def visible_runs(user: Any) -> QuerySet[Run]:

@@ -63,6 +63,11 @@ class Run(models.Model):
     submission_hash = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # When the run first reached an outcome (succeeded, compensated or needs_attention), and
+    # which one. Set once by a trigger on whichever write gets there first, and never changed
+    # after (migration 0012): GET /metrics counts each run once, with a duration that stays.
+    finished_at = models.DateTimeField(null=True, blank=True, editable=False)
+    finished_status = models.CharField(max_length=20, blank=True, default="", editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -86,6 +91,9 @@ class Run(models.Model):
             # dashboard: runs of one agent, newest first
             models.Index(fields=["agent", "-created_at"], name="sagas_run_agent_created"),
             models.Index(fields=["-created_at"], name="sagas_run_created"),
+            # GET /metrics: runs that finished since the last scrape (sagas/metrics.py)
+            models.Index(fields=["finished_at"], name="sagas_run_finished",
+                         condition=Q(finished_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).
@@ -142,6 +150,12 @@ class Step(models.Model):
             _status_check("sagas_step_status_valid", StepStatus),
             models.UniqueConstraint(fields=["run", "step_id"], name="sagas_step_unique_task"),
         ]
+        indexes = [
+            # GET /metrics: steps finished since the last scrape (sagas/metrics.py); without
+            # it each scrape reads every step. Its cost per step is in docs/deploy.md.
+            models.Index(fields=["finished_at"], name="sagas_step_finished",
+                         condition=Q(finished_at__isnull=False)),
+        ]
 
     def __str__(self) -> str:
         return f"{self.node} ({self.status})"
@@ -183,6 +197,8 @@ class CompensationAttempt(models.Model):
         ordering = ["compensation", "number"]
         constraints = [models.UniqueConstraint(fields=["compensation", "number"],
                                                name="sagas_attempt_unique_number")]
+        # GET /metrics: attempts made since the last scrape (sagas/metrics.py)
+        indexes = [models.Index(fields=["finished_at"], name="sagas_attempt_finished")]
 
 
 class Approval(models.Model):
