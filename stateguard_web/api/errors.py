@@ -183,13 +183,12 @@ def install(api: NinjaAPI) -> None:
     for missing in (selectors.RunNotFound, selectors.NotFound, ObjectDoesNotExist, Http404):
         api.add_exception_handler(missing, not_found)
 
-    @on(RequestDataTooBig)
     def too_big(request: HttpRequest, exc: Exception) -> HttpResponse:
+        # Django's own limit too (DATA_UPLOAD_MAX_MEMORY_SIZE): a 413, not its 400.
         return _error(api, request, 413, "body_too_large", str(BodyTooLarge(_limit())))
 
-    @on(BodyTooLarge)
-    def too_large(request: HttpRequest, exc: Exception) -> HttpResponse:
-        return _error(api, request, 413, "body_too_large", str(exc))
+    for big in (BodyTooLarge, RequestDataTooBig):
+        api.add_exception_handler(big, too_big)
 
     @on(HttpError)
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
