@@ -91,6 +91,9 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost: counts every response under /api/ for GET /metrics, whoever made it.
     "stateguard_web.metrics.ApiRequestsMiddleware",
+    # Before anything that validates the Host header: health checks reach Daphne by its address
+    # (Host: 10.0.0.5:8000), which ALLOWED_HOSTS does not list (stateguard_web/healthz.py).
+    "stateguard_web.healthz.healthz_middleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

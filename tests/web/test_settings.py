@@ -10,8 +10,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from django.db import connection
-from django.test import Client, override_settings
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
+from django.test import AsyncClient, Client, override_settings
 from pytest_django import DjangoAssertNumQueries
 
 from tests.web.conftest import ROOT, ManagePy
@@ -40,6 +41,37 @@ def test_it_answers_healthz_over_plain_http_when_https_only() -> None:
         client = Client()  # made here: middleware reads the settings when it is loaded
         assert client.get("/healthz").status_code == 200
         assert client.get("/admin/").status_code == 301
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("host", ["10.0.0.5:8000", "127.0.0.1:8000"])
+def test_it_answers_healthz_whatever_the_host_header(host: str) -> None:
+    # Production's ALLOWED_HOSTS (docs/deploy.md), and a health check that reaches Daphne by
+    # its address: it used to get 400 DisallowedHost.
+    with override_settings(ALLOWED_HOSTS=["stateguard.example.com"], SECURE_SSL_REDIRECT=True):
+        client = Client(HTTP_HOST=host)  # made here: middleware reads the settings when loaded
+        response = client.get("/healthz")
+        assert (response.status_code, response.json()) == (200, {"ok": True})
+        assert client.head("/healthz").status_code == 200
+        # That host still gets nothing else: host validation holds for every other request.
+        for method, path in [("get", "/admin/"), ("get", "/healthz/"), ("post", "/healthz"),
+                             ("get", "/nothing-here")]:
+            assert getattr(client, method)(path).status_code == 400, (method, path)
+
+
+@pytest.mark.django_db(transaction=True)  # the view runs on another thread's connection
+async def test_it_answers_healthz_whatever_the_host_header_under_asgi() -> None:
+    # Daphne runs the middleware chain asynchronously.
+    with override_settings(ALLOWED_HOSTS=["stateguard.example.com"], SECURE_SSL_REDIRECT=True):
+        client = AsyncClient(headers={"host": "10.0.0.5:8000"})
+        try:
+            response = await client.get("/healthz")
+        finally:
+            # The test client keeps connections open after a request; this one is the view's
+            # thread's, which would keep the test database from being dropped.
+            await sync_to_async(connections.close_all)()
+        assert (response.status_code, response.json()) == (200, {"ok": True})
+        assert (await client.get("/admin/")).status_code == 400
 
 
 def test_it_passes_manage_py_check_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> None:
