@@ -84,5 +84,5 @@ class ApprovalAdmin(ReadOnlyAdmin):
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ("created_at", "actor", "action", "run")
+    list_display = ("created_at", "actor", "action", "run", "run_code")
     list_filter = ("action",)

@@ -227,13 +227,18 @@ class Approval(models.Model):
 class AuditEvent(models.Model):
     """Append-only: who did what to which run, and when.
 
-    ``save()`` of a stored event and ``delete()`` refuse here; triggers (migration 0007) refuse
-    every other UPDATE and DELETE in the database (``QuerySet.update()``/``.delete()``, raw
-    SQL), except setting ``run`` to NULL when the run is deleted: the trail outlives the run.
+    ``save()`` of a stored event and ``delete()`` refuse here; triggers (migrations 0007 and
+    0013) refuse every other UPDATE and DELETE in the database (``QuerySet.update()``/
+    ``.delete()``, raw SQL), except setting ``run`` to NULL when the run is deleted: the trail
+    outlives the run, and ``run_code`` (the run's public UUID, copied when the event is made)
+    still says which run it was about. Only ``manage.py flush`` empties the table.
     """
 
     run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL,
                             related_name="audit_events")
+    # The run's code, kept when the run is deleted (``run`` then becomes NULL). NULL for events
+    # about no run (API keys), and for events of runs deleted before migration 0013.
+    run_code = models.UUIDField(null=True, blank=True, editable=False)
     actor = models.CharField(max_length=150)  # a username, or "system"/"worker:<host>"
     action = models.CharField(max_length=50)
     data = models.JSONField(default=dict, blank=True)
@@ -241,11 +246,17 @@ class AuditEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["run", "-created_at"], name="sagas_audit_run_created")]
+        indexes = [
+            models.Index(fields=["run", "-created_at"], name="sagas_audit_run_created"),
+            # the trail of a run by its code, also once the run is deleted
+            models.Index(fields=["run_code"], name="sagas_audit_run_code"),
+        ]
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.pk is not None:
             raise ValueError("audit events are append-only")
+        if self.run_id is not None and self.run_code is None:
+            self.run_code = self.run.code
         super().save(*args, **kwargs)
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:

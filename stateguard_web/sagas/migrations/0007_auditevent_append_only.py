@@ -13,14 +13,17 @@ constraint trigger checks at commit that the run is really gone, so that ``updat
 alone cannot quietly detach a run's events from it. The refusals are ``restrict_violation``
 (SQLSTATE 23001): Django raises ``IntegrityError``, as SQLite does for ``RAISE(ABORT)``.
 
-TRUNCATE is not blocked. Django's ``flush`` (which pytest-django runs after every transactional
-test) and the benchmarks (bench/p2_throughput.py) empty the tables with it. It needs the
-table's owner or the TRUNCATE right, and that role can drop these triggers anyway: they keep the
-application (ORM, admin, raw SQL) from rewriting history, not the database's owner.
+TRUNCATE is not blocked. Django's ``flush`` on PostgreSQL (which pytest-django runs after every
+transactional test) and the benchmarks (bench/p2_throughput.py) empty the tables with it. It
+needs the table's owner or the TRUNCATE right, and that role can drop these triggers anyway:
+they keep the application (ORM, admin, raw SQL) from rewriting history, not the database's owner.
 
 SQLite (the embedded default) gets the same rule from two triggers, but without the check at
 commit: SQLite has no deferred triggers, and Django nulls ``run_id`` before it deletes the run.
-The SQLite trigger lists the columns it compares, while the PostgreSQL one compares whole rows.
+The SQLite trigger lists the columns it compares, while the PostgreSQL one compares whole rows
+(0013 adds ``run_code`` to that list). SQLite has no TRUNCATE: Django's ``flush`` there is
+``DELETE FROM``, which the DELETE trigger refuses, so the sagas app's ``flush`` command lifts
+that trigger for the flush alone, in the flush's transaction (management/commands/flush.py).
 
 For later migrations: on PostgreSQL, one that rewrites audit rows must disable the trigger
 around its UPDATE. On SQLite, one that makes Django rebuild ``sagas_auditevent`` (most
