@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import AfterValidator, ConfigDict, StringConstraints, field_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, StringConstraints, field_validator
 
 from stateguard.records import ApprovalStatus, CompensationStatus, RunStatus, StepStatus
 from stateguard_web.sagas import runtime
@@ -106,6 +106,16 @@ class ResolveIn(In):
         return value
 
 
+def _not_a_number(value: Any) -> Any:
+    """pydantic also reads a number as seconds since 1970: ``created_after=2024`` would have
+    meant 1970-01-01T00:33:44Z, and every run. A time here is ISO 8601 only."""
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return value
+    raise ValueError("must be an ISO 8601 date and time (2024-05-01T12:00:00Z), not a number")
+
+
 def _utc(value: datetime | None) -> datetime | None:
     """A time without an offset is UTC; one the database cannot hold is refused."""
     if value is None:
@@ -118,7 +128,7 @@ def _utc(value: datetime | None) -> datetime | None:
         raise ValueError("out of range") from None
 
 
-Time = Annotated[datetime, AfterValidator(_utc)]
+Time = Annotated[datetime, BeforeValidator(_not_a_number), AfterValidator(_utc)]
 
 
 class RunFilter(Schema):

@@ -100,6 +100,9 @@ class BadInputTests(World):
             ("GET", "/api/runs?limit=ten", None, ["query", "limit"]),
             ("GET", "/api/runs?status=lost", None, ["query", "status"]),
             ("GET", "/api/runs?created_after=yesterday", None, ["query", "created_after"]),
+            # Not seconds since 1970 (pydantic's reading): "2024" was 1970-01-01T00:33:44Z.
+            ("GET", "/api/runs?created_after=2024", None, ["query", "created_after"]),
+            ("GET", "/api/runs?created_before=0.5", None, ["query", "created_before"]),
             ("GET", "/api/runs?created_before=0001-01-01T00:00:00%2B05:00", None,
              ["query", "created_before"]),
             ("GET", "/api/runs?q=%00", None, ["query", "q"]),
