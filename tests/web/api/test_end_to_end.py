@@ -1,0 +1,177 @@
+"""The API end to end, as an operator deploys it: keys made by ``manage.py create_api_key``, a
+real Daphne serving the ASGI app, a real Celery worker, localstripe for Stripe, and nothing but
+HTTP between the test and the app.
+
+A shop submits a checkout over 100.00; the worker runs it until the charge waits for an
+approval; an operator approves it over HTTP; the worker charges once and books the order; the
+run's detail, read over HTTP, says so, with the decision and the keys in the audit trail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stripe
+
+from tests.conftest import STRIPE_TEST_KEY, _free_port, _port_answers
+from tests.web.conftest import ROOT, Workers, wait_for
+
+
+class Server:
+    """A Daphne process serving ``stateguard_web.asgi:application`` on a free port, with the
+    workers' environment (the test database, the test Redis, localstripe)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "stateguard_web.asgi:application"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def wait_until_up(self) -> None:
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                pytest.fail(f"daphne exited {self.proc.returncode}:\n{self.logs()}")
+            return _port_answers("127.0.0.1", self.port)
+
+        wait_for(up, 30, "daphne to listen", self.logs)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def call(self, method: str, path: str, key: str, body: Any = None) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            self.url + path, method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+
+@pytest.fixture
+def stack(workers: Workers, localstripe_url: str, tmp_path: Path) -> Iterator[Server]:
+    """A worker and a web server on the test database, both calling localstripe."""
+    workers.env.update(STRIPE_API_BASE=localstripe_url, STRIPE_API_KEY=STRIPE_TEST_KEY,
+                       STATEGUARD_ENV_FILE="")
+    workers.start("w1")
+    server = Server(workers.env, tmp_path / "daphne.log")
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        server.stop()
+
+
+def create_api_keys(env: dict[str, str], *keys: tuple[str, str]) -> list[str]:
+    """``manage.py create_api_key NAME --role ROLE`` for each (NAME, ROLE), as an operator runs
+    it (at once: each is a Django start-up); the keys, which it prints alone on stdout."""
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "create_api_key", name,
+                               "--role", role],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for name, role in keys]
+    printed = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+        printed.append(out.strip())
+    return printed
+
+
+def test_it_runs_a_checkout_submitted_and_approved_over_http(
+        stack: Server, workers: Workers, stripe_client: stripe.StripeClient) -> None:
+    def logs() -> str:
+        return stack.logs() + workers.logs()
+
+    shop, ops = create_api_keys(workers.env, ("shop", "submitter"), ("night-ops", "operator"))
+
+    status, run = stack.call("POST", "/api/runs", shop, {
+        "agent": "checkout", "input": {"email": "alice@example.com", "amount": 250_00},
+        "idempotency_key": "order-42"})
+    assert status == 201, run
+    detail = f"/api/runs/{run['code']}"
+
+    def read(key: str = shop) -> dict[str, Any]:
+        status, body = stack.call("GET", detail, key)
+        assert status == 200, body
+        return body  # type: ignore[no-any-return]
+
+    # Over 100.00 the charge waits for an operator.
+    paused = wait_for(lambda: (r := read())["status"] == "paused" and r, 60,
+                      "the run to pause for an approval", logs)
+    assert isinstance(paused, dict)
+    (approval,) = paused["approvals"]
+    assert (approval["node"], approval["status"]) == ("charge_user", "pending")
+    assert stripe_client.v1.charges.list().data == []  # nothing charged before the decision
+
+    # A submitter may not decide; the operator does.
+    assert stack.call("POST", f"{detail}/approve", shop,
+                      {"approval": approval["id"]})[0] == 403
+    status, accepted = stack.call("POST", f"{detail}/approve", ops,
+                                  {"approval": approval["id"], "reason": "known customer"})
+    assert status == 202, accepted
+    assert (accepted["request"]["action"], accepted["request"]["by"]) == ("approve",
+                                                                           "night-ops")
+
+    done = wait_for(lambda: (r := read())["status"] in {"succeeded", "failed",
+                                                       "needs_attention", "compensated"} and r,
+                    60, "the run to finish", logs)
+    assert isinstance(done, dict)
+    assert done["status"] == "succeeded", done
+    assert done["error"] is None and done["request"] is None
+    assert [(s["node"], s["status"]) for s in done["steps"]] == [
+        ("create_customer", "succeeded"), ("charge_user", "succeeded"),
+        ("book_order", "succeeded")]
+    assert done["compensations"] == [] and done["violated_invariant"] is None
+    (approval,) = done["approvals"]
+    assert (approval["status"], approval["decided_by"], approval["reason"]) == (
+        "approved", "night-ops", "known customer")
+    assert approval["decided_at"] is not None
+
+    # The audit trail names each key that acted, by its prefix (never the key).
+    trail = {(e["action"], e["actor"]): e["data"] for e in done["audit"]}
+    assert trail[("run.submitted", "shop")]["via"] == f"key {shop[:11]}"
+    assert trail[("run.approved", "night-ops")]["via"] == f"key {ops[:11]}"
+    assert not any(shop in json.dumps(e) or ops in json.dumps(e) for e in done["audit"])
+    seen = read(ops)  # the operator reads the same run
+    assert (seen["code"], seen["status"], seen["steps"]) == (run["code"], "succeeded",
+                                                             done["steps"])
+
+    # Exactly one charge, of the amount asked, never refunded.
+    charges = stripe_client.v1.charges.list().data
+    assert [(c.amount, c.amount_refunded) for c in charges] == [(250_00, 0)]
+
+    # The same submission again is the same run, not a second one (nothing is enqueued, so
+    # there is nothing to wait for).
+    status, again = stack.call("POST", "/api/runs", shop, {
+        "agent": "checkout", "input": {"email": "alice@example.com", "amount": 250_00},
+        "idempotency_key": "order-42"})
+    assert (status, again["code"]) == (200, run["code"])
+    assert len(stripe_client.v1.charges.list().data) == 1
