@@ -255,16 +255,20 @@ def test_it_goes_on_supervising_when_nobody_reads_its_output(
         os.close(read_end)
         read_end = -1
 
+        def written() -> list[str]:  # the writer may not have started (and made the file) yet
+            return pidfile.read_text().split() if pidfile.exists() else []
+
         deadline = time.monotonic() + 20
-        while len(written := pidfile.read_text().split()) < 1 and time.monotonic() < deadline:
+        while len(seen := written()) < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
-        first = int(written[0])
+        assert seen, "the writer never started"
+        first = int(seen[0])
         pids.append(first)
         os.kill(first, signal.SIGKILL)
-        while len(written := pidfile.read_text().split()) < 2 and time.monotonic() < deadline:
+        while len(seen := written()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(written) == 2, f"writer not restarted; supervisor exited {proc.poll()}"
-        pids.append(int(written[1]))
+        assert len(seen) == 2, f"writer not restarted; supervisor exited {proc.poll()}"
+        pids.append(int(seen[1]))
         assert _alive(pids[-1])
 
         proc.terminate()
