@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,8 +37,15 @@ from stateguard_web.sagas.models import (
 )
 from tests.web.conftest import ManagePy
 
-NOW = datetime.now(UTC)
+NOW = datetime.now(UTC)  # set again for each test (_now): the collector's window is real time
 AN_HOUR_AGO = NOW - timedelta(hours=1)
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "Just finished" must mean just now: the collector settles rows older than a minute before
+    # its last scrape, and a NOW taken at import ages while the rest of the suite runs.
+    monkeypatch.setattr(sys.modules[__name__], "NOW", datetime.now(UTC))
 
 
 @pytest.fixture(autouse=True)
