@@ -9,6 +9,7 @@ retried and idempotent. ``GuardedState`` does the same for plain Python code.
 from stateguard.checkpointer import StateGuardCheckpointer
 from stateguard.context import ExceptionContext, InvariantInfo
 from stateguard.dropin import StateGuardWarning
+from stateguard.effects import Effect, EffectLedger, EffectRecord, EffectStatus, record_effect
 from stateguard.events import Event
 from stateguard.exceptions import (
     ApprovalRejected,
@@ -45,6 +46,10 @@ __all__ = [
     "CompensationRetry",
     "CompensationStatus",
     "ConfigurationError",
+    "Effect",
+    "EffectLedger",
+    "EffectRecord",
+    "EffectStatus",
     "ErrorInfo",
     "Event",
     "ExceptionContext",
@@ -66,4 +71,5 @@ __all__ = [
     "StateGuardWarning",
     "StepStatus",
     "UnwindReport",
+    "record_effect",
 ]

@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any
 
 from stateguard.core import GuardCore
+from stateguard.effects import recording
 from stateguard.events import Event, EventCallback, emit
 from stateguard.exceptions import (
     ConfigurationError,
@@ -105,7 +106,8 @@ class GuardedState:
         """Run ``fn(state)`` as the step ``name``; returns the new state."""
         step_id = self._start(name, tuple(tags))
         try:
-            result = fn(dict(self.state))
+            with recording(self.core.journal, self.run_id, step_id, name):
+                result = fn(dict(self.state))
         except Exception as exc:
             self._fail(name, step_id, exc)
             raise
@@ -115,9 +117,10 @@ class GuardedState:
                     tags: Iterable[str] = ()) -> dict[str, Any]:
         step_id = self._start(name, tuple(tags))
         try:
-            result = fn(dict(self.state))
-            if inspect.isawaitable(result):
-                result = await result
+            with recording(self.core.journal, self.run_id, step_id, name):
+                result = fn(dict(self.state))
+                if inspect.isawaitable(result):
+                    result = await result
         except Exception as exc:
             self._fail(name, step_id, exc)
             raise

@@ -23,6 +23,7 @@ from langgraph.errors import GraphBubbleUp
 from langgraph.graph import StateGraph
 from langgraph.types import interrupt
 
+from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ApprovalRejected, InvariantViolation
 from stateguard.records import ApprovalRecord, ApprovalStatus, ErrorInfo, StepStatus
@@ -74,7 +75,8 @@ class _NodeWrapper:
     def run(self, state: Any, config: RunnableConfig) -> Any:
         run_id, step_id, values = self._before(state, config)
         try:
-            result = self.inner.invoke(state, config)
+            with recording(self.core.journal, run_id, step_id, self.name):
+                result = self.inner.invoke(state, config)
         except BaseException as exc:
             self._failed(run_id, step_id, exc)
             raise
@@ -83,7 +85,8 @@ class _NodeWrapper:
     async def arun(self, state: Any, config: RunnableConfig) -> Any:
         run_id, step_id, values = self._before(state, config)
         try:
-            result = await self.inner.ainvoke(state, config)
+            with recording(self.core.journal, run_id, step_id, self.name):
+                result = await self.inner.ainvoke(state, config)
         except BaseException as exc:
             self._failed(run_id, step_id, exc)
             raise

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, Protocol, runtime_checkable
 
+from stateguard.effects import EffectRecord, settled_status
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -96,6 +97,7 @@ class InMemoryJournal:
         self._done_seq: dict[str, int] = {}
         self._comps: dict[str, dict[str, CompensationRecord]] = {}
         self._approvals: dict[str, dict[str, ApprovalRecord]] = {}
+        self._effects: dict[tuple[str, str], EffectRecord] = {}  # by (provider, external_id)
 
     def run_begin(self, run_id: str) -> RunRecord:
         with self._lock:
@@ -201,3 +203,21 @@ class InMemoryJournal:
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
         with self._lock:
             return [copy.copy(a) for a in self._approvals.get(run_id, {}).values()]
+
+    def effect_record(self, record: EffectRecord) -> EffectRecord:
+        with self._lock:
+            stored = self._effects.setdefault(record.key, record)
+            # The effect it undoes (a refund's charge) may be known already, and so may the
+            # effects that undo it (recorded first by a reconciliation): settle both.
+            provider, undone = stored.effect.provider, stored.effect.undoes
+            for effect in (self._effects.get((provider, undone)) if undone else None, stored):
+                if effect is not None:
+                    effect.status = settled_status(effect.effect, (
+                        e.effect for e in self._effects.values()
+                        if e.effect.provider == provider
+                        and e.effect.undoes == effect.effect.external_id))
+            return copy.copy(stored)
+
+    def effects(self, run_id: str) -> list[EffectRecord]:
+        with self._lock:
+            return [copy.copy(e) for e in self._effects.values() if e.run_id == run_id]

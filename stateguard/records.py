@@ -166,6 +166,7 @@ class RunView:
     steps: list[StepRecord]
     compensations: list[CompensationRecord]
     approvals: list[ApprovalRecord]
+    effects: list[Any] = field(default_factory=list)  # EffectRecords, if the journal keeps them
 
     @property
     def in_doubt(self) -> list[StepRecord]:

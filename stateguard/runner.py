@@ -16,6 +16,7 @@ from langgraph.graph import StateGraph
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 
+from stateguard.effects import EffectLedger
 from stateguard.events import Event, emit
 from stateguard.exceptions import (
     ApprovalRejected,
@@ -520,8 +521,9 @@ class GuardRunner:
     def status(self, config: RunnableConfig | str) -> RunView:
         run_id = config if isinstance(config, str) else run_id_of(config)
         journal = self.core.journal
+        effects = journal.effects(run_id) if isinstance(journal, EffectLedger) else []
         return RunView(self._run_record(run_id), journal.steps(run_id),
-                       journal.compensations(run_id), journal.approvals(run_id))
+                       journal.compensations(run_id), journal.approvals(run_id), effects)
 
     def _run_record(self, run_id: str) -> Any:
         run = self.core.journal.run_get(run_id)

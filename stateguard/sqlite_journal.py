@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stateguard.effects import Effect, EffectRecord, EffectStatus, settled_status
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -53,7 +54,24 @@ CREATE TABLE IF NOT EXISTS sg_approvals (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL, payload TEXT,
     status TEXT NOT NULL, decided_by TEXT, reason TEXT NOT NULL DEFAULT '',
     requested_at REAL NOT NULL, decided_at REAL, PRIMARY KEY (run_id, step_id));
+CREATE TABLE IF NOT EXISTS sg_effects (
+    provider TEXT NOT NULL, external_id TEXT NOT NULL, run_id TEXT NOT NULL,
+    step_id TEXT NOT NULL, node TEXT NOT NULL, kind TEXT NOT NULL, amount INTEGER,
+    currency TEXT NOT NULL, idempotency_key TEXT NOT NULL, undoes TEXT NOT NULL,
+    status TEXT NOT NULL, recorded_at REAL NOT NULL, PRIMARY KEY (provider, external_id));
+CREATE INDEX IF NOT EXISTS sg_effects_run ON sg_effects (run_id);
+CREATE INDEX IF NOT EXISTS sg_effects_undoes ON sg_effects (provider, undoes);
 """
+_EFFECT_COLUMNS = ("run_id, step_id, node, provider, kind, external_id, amount, currency, "
+                   "idempotency_key, undoes, status, recorded_at")
+
+
+def _effect(row: tuple[Any, ...]) -> EffectRecord:
+    run_id, step_id, node, provider, kind, external_id, amount, currency, key, undoes, status, \
+        at = row
+    return EffectRecord(run_id, step_id, node,
+                        Effect(provider, kind, external_id, amount, currency, key, undoes),
+                        EffectStatus(status), at)
 
 
 def _dumps(value: Any) -> str | None:
@@ -246,3 +264,40 @@ class SqliteJournal:
             " FROM sg_approvals WHERE run_id = ? ORDER BY requested_at", (run_id,)).fetchall()
         return [ApprovalRecord(run_id, r[0], r[1], _loads(r[2]), ApprovalStatus(r[3]), r[4],
                                r[5], r[6], r[7]) for r in rows]
+
+    # -- effects ----------------------------------------------------------------------------
+    def effect_record(self, record: EffectRecord) -> EffectRecord:
+        e = record.effect
+        with self._tx() as db:
+            db.execute(f"INSERT OR IGNORE INTO sg_effects ({_EFFECT_COLUMNS}) VALUES "
+                       "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       (record.run_id, record.step_id, record.node, e.provider, e.kind,
+                        e.external_id, e.amount, e.currency, e.idempotency_key, e.undoes,
+                        record.status.value, record.recorded_at))
+            stored = _effect(db.execute(
+                f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND external_id = ?",
+                record.key).fetchone())
+            # Settle what it undoes, and itself (effects undoing it may have come first).
+            for external_id in filter(None, (stored.effect.undoes, stored.effect.external_id)):
+                self._settle(db, e.provider, external_id)
+            return _effect(db.execute(
+                f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND external_id = ?",
+                record.key).fetchone())
+
+    @staticmethod
+    def _settle(db: sqlite3.Connection, provider: str, external_id: str) -> None:
+        row = db.execute(f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND "
+                         "external_id = ?", (provider, external_id)).fetchone()
+        if row is None:
+            return
+        undoing = [_effect(r).effect for r in db.execute(
+            f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND undoes = ?",
+            (provider, external_id))]
+        status = settled_status(_effect(row).effect, undoing)
+        db.execute("UPDATE sg_effects SET status = ? WHERE provider = ? AND external_id = ?",
+                   (status.value, provider, external_id))
+
+    def effects(self, run_id: str) -> list[EffectRecord]:
+        rows = self._db().execute(f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE run_id = ? "
+                                  "ORDER BY recorded_at", (run_id,)).fetchall()
+        return [_effect(r) for r in rows]

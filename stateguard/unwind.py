@@ -9,6 +9,7 @@ that fails on every attempt does not stop the others: the customer still gets ev
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stateguard.context import ExceptionContext, InvariantInfo, idempotency_key
+from stateguard.effects import recording
 from stateguard.events import Event, EventCallback, EventType, emit
 from stateguard.journal import Journal
 from stateguard.records import (
@@ -247,9 +249,10 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
     for attempt, ctx, state in u.attempts():
         started = time.time()
         try:
-            result = attempt.fn(state, ctx)
-            if inspect.isawaitable(result):
-                result = _run_coroutine(result)
+            with recording(journal, run_id, ctx.step_id, ctx.node):
+                result = attempt.fn(state, ctx)
+                if inspect.isawaitable(result):
+                    result = _run_coroutine(result)
             error: BaseException | None = None
         except Exception as exc:
             result, error = None, exc
@@ -271,12 +274,13 @@ async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, 
     for attempt, ctx, state in u.attempts():
         started = time.time()
         try:
-            if inspect.iscoroutinefunction(attempt.fn):
-                result = await attempt.fn(state, ctx)
-            else:
-                result = await asyncio.to_thread(attempt.fn, state, ctx)
-                if inspect.isawaitable(result):
-                    result = await result
+            with recording(journal, run_id, ctx.step_id, ctx.node):  # to_thread copies it
+                if inspect.iscoroutinefunction(attempt.fn):
+                    result = await attempt.fn(state, ctx)
+                else:
+                    result = await asyncio.to_thread(attempt.fn, state, ctx)
+                    if inspect.isawaitable(result):
+                        result = await result
             error: BaseException | None = None
         except Exception as exc:
             result, error = None, exc
@@ -296,5 +300,5 @@ def _run_coroutine(awaitable: Any) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return asyncio.run(wait())
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(asyncio.run, wait()).result()
+    with ThreadPoolExecutor(max_workers=1) as pool:  # in this context (where effects go)
+        return pool.submit(contextvars.copy_context().run, asyncio.run, wait()).result()

@@ -10,6 +10,7 @@ import stateguard
 EXPECTED = {
     "ApprovalRejected", "ApprovalStatus", "Compensation", "CompensationFailed",
     "CompensationOutcome", "CompensationRetry", "CompensationStatus", "ConfigurationError",
+    "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "record_effect",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "RunLocked", "RunNotFound", "RunStatus", "RunView", "SagaAborted", "SqliteJournal",

@@ -1,0 +1,166 @@
+"""Effects: what a step did to the world (a charge, a refund, a server), declared by the code
+that did it, so that the journal keeps a ledger of them beside the steps.
+
+Inside a node, or a compensation, right after the provider answered::
+
+    from stateguard import Effect, record_effect
+
+    intent = client.v1.payment_intents.create(params={..., "metadata": {"run": run_id}})
+    record_effect(Effect("stripe", "charge", intent.id, amount=intent.amount,
+                         currency=intent.currency, idempotency_key=key))
+
+A compensation names what it undoes, and the undone effect's status follows (``applied``,
+``partially_compensated``, ``compensated``, by the amounts)::
+
+    refund = client.v1.refunds.create(...)
+    record_effect(Effect("stripe", "refund", refund.id, amount=refund.amount,
+                         undoes=intent.id))
+
+Recording comes after the fact: a process that dies between the provider's answer and this
+call loses the record, not the effect. So an effect must also be findable at the provider
+(name the run in its metadata), and code that finds one records it then; recording the same
+``(provider, external_id)`` again changes nothing. The journal keeps effects when it
+implements ``EffectLedger`` (every journal StateGuard ships does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+from stateguard.exceptions import ConfigurationError
+
+__all__ = ["Effect", "EffectLedger", "EffectRecord", "EffectStatus", "record_effect"]
+
+
+class EffectStatus(StrEnum):
+    APPLIED = "applied"
+    PARTIALLY_COMPENSATED = "partially_compensated"
+    COMPENSATED = "compensated"  # undone in full (an effect that undoes another is this too)
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One external effect: ``provider`` and ``kind`` say what ("stripe", "charge"),
+    ``external_id`` is the provider's id for it. ``amount`` is in the currency's smallest unit.
+    ``undoes`` is the external id of the effect this one (a refund, say) undoes."""
+
+    provider: str
+    kind: str
+    external_id: str
+    amount: int | None = None
+    currency: str = ""
+    idempotency_key: str = ""
+    undoes: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("provider", "kind", "external_id"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or len(value) > 200:
+                raise ConfigurationError(f"Effect.{name} must be 1 to 200 characters")
+        if self.amount is not None and (not isinstance(self.amount, int) or self.amount < 0):
+            raise ConfigurationError("Effect.amount must be a non-negative int (smallest unit)")
+
+
+@dataclass(slots=True)
+class EffectRecord:
+    """An effect as the journal keeps it: with its run and step, and its status."""
+
+    run_id: str
+    step_id: str
+    node: str
+    effect: Effect
+    status: EffectStatus = EffectStatus.APPLIED
+    recorded_at: float = field(default_factory=time.time)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.effect.provider, self.effect.external_id
+
+
+def settled_status(effect: Effect, undone_by: Iterable[Effect]) -> EffectStatus:
+    """The status of ``effect`` given the effects that undo it: compensated once their amounts
+    reach its own (or when amounts are not known), partially below that."""
+    undoing = list(undone_by)
+    if effect.undoes:
+        return EffectStatus.COMPENSATED
+    if not undoing:
+        return EffectStatus.APPLIED
+    if effect.amount is None or any(u.amount is None for u in undoing):
+        return EffectStatus.COMPENSATED
+    total = sum(u.amount or 0 for u in undoing)
+    return (EffectStatus.COMPENSATED if total >= effect.amount
+            else EffectStatus.PARTIALLY_COMPENSATED)
+
+
+@runtime_checkable
+class EffectLedger(Protocol):
+    """What a journal implements to keep effects."""
+
+    def effect_record(self, record: EffectRecord) -> EffectRecord:
+        """Store ``record`` unless its ``(provider, external_id)`` is stored already (then
+        return that one); when it undoes another effect, update that effect's status."""
+
+    def effects(self, run_id: str) -> list[EffectRecord]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    ledger: Any
+    run_id: str
+    step_id: str
+    node: str
+
+
+_scope: ContextVar[_Scope | None] = ContextVar("stateguard_effect_scope", default=None)
+
+
+@contextmanager
+def recording(journal: Any, run_id: str, step_id: str, node: str) -> Iterator[None]:
+    """While a node body or a compensation attempt runs: where its effects go."""
+    token = _scope.set(_Scope(journal, run_id, step_id, node))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def record_effect(effect: Effect) -> EffectRecord:
+    """Record ``effect`` in the journal, with the run and the step (or compensation) that is
+    running now. Called from a node (guarded or drop-in) or a compensation."""
+    scope = _scope.get() or _drop_in_scope()
+    if scope is None:
+        raise ConfigurationError("record_effect() records what a step did: call it from a node "
+                                 "or a compensation that StateGuard runs")
+    if not isinstance(scope.ledger, EffectLedger):
+        raise ConfigurationError(f"the journal {type(scope.ledger).__name__} keeps no effects "
+                                 "(it does not implement EffectLedger)")
+    if not isinstance(effect, Effect):
+        raise ConfigurationError(f"record_effect() takes an Effect, not {effect!r}")
+    return scope.ledger.effect_record(EffectRecord(scope.run_id, scope.step_id, scope.node,
+                                                   effect))
+
+
+def _drop_in_scope() -> _Scope | None:
+    """In the drop-in form no wrapper runs around the node: its step is the LangGraph task
+    that is running, and the guard is the graph's checkpointer."""
+    from langgraph.config import get_config
+
+    from stateguard.checkpointer import StateGuardCheckpointer
+
+    try:
+        config = get_config()
+    except RuntimeError:  # not inside a LangGraph node
+        return None
+    conf = config.get("configurable", {})
+    guard = conf.get("__pregel_checkpointer")
+    task_id = conf.get("__pregel_task_id")
+    if not isinstance(guard, StateGuardCheckpointer) or not task_id:
+        return None
+    node = str(config.get("metadata", {}).get("langgraph_node", ""))
+    return _Scope(guard.journal, str(conf.get("thread_id")), str(task_id), node)
