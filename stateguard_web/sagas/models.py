@@ -16,6 +16,7 @@ from django.db.models import Q
 
 from stateguard import lifecycle
 from stateguard import records as core
+from stateguard.effects import EffectStatus as CoreEffectStatus
 
 
 def _status_check(name: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
@@ -33,6 +34,7 @@ RunStatus = _choices("RunStatus", core.RunStatus)
 StepStatus = _choices("StepStatus", core.StepStatus)
 CompensationStatus = _choices("CompensationStatus", core.CompensationStatus)
 ApprovalStatus = _choices("ApprovalStatus", core.ApprovalStatus)
+EffectStatus = _choices("EffectStatus", CoreEffectStatus)
 
 
 class Run(models.Model):
@@ -222,6 +224,43 @@ class Approval(models.Model):
             models.UniqueConstraint(fields=["run", "node"], condition=Q(status="pending"),
                                     name="sagas_approval_one_pending_per_node"),
         ]
+
+
+class Effect(models.Model):
+    """The ledger: an external effect a step made (a charge, a refund), as the code that made it
+    declared it (``stateguard.record_effect``), or as a reconciliation found it."""
+
+    Status = EffectStatus
+
+    # PROTECT: money records outlive any pruning of the journal; a run with effects stays.
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="effects")
+    step_id = models.CharField(max_length=200)  # the step that made it, or that it undoes
+    node = models.CharField(max_length=200)
+    provider = models.CharField(max_length=200)
+    kind = models.CharField(max_length=200)
+    external_id = models.CharField(max_length=200)
+    amount = models.PositiveBigIntegerField(null=True, blank=True)  # smallest currency unit
+    currency = models.CharField(max_length=10, blank=True, default="")
+    idempotency_key = models.CharField(max_length=200, blank=True, default="")
+    undoes = models.CharField(max_length=200, blank=True, default="")  # external id undone
+    status = models.CharField(max_length=30, choices=Status.choices, default=Status.APPLIED)
+    recorded_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run", "recorded_at"]
+        constraints = [
+            _status_check("sagas_effect_status_valid", EffectStatus),
+            # An effect is recorded once, however many times (and by whom) it is found.
+            models.UniqueConstraint(fields=["provider", "external_id"],
+                                    name="sagas_effect_unique_external"),
+        ]
+        indexes = [
+            # settling a charge: the refunds that undo it
+            models.Index(fields=["provider", "undoes"], name="sagas_effect_undoes"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.provider} {self.kind} {self.external_id} ({self.status})"
 
 
 class AuditEvent(models.Model):

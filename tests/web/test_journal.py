@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from django.db import IntegrityError
+from django.db.models import ProtectedError
 
 from stateguard import (
     ApprovalStatus,
@@ -151,3 +152,32 @@ def test_it_takes_every_status_list_from_the_core() -> None:
         assert choices.values == [s.value for s in statuses]
     check = next(c for c in Run._meta.constraints if c.name == "sagas_run_status_valid")
     assert sorted(check.condition.children[0][1]) == sorted(s.value for s in records.RunStatus)
+
+
+@pytest.mark.django_db
+def test_it_keeps_the_effect_ledger_once_per_external_id_and_settles_charges() -> None:
+    from stateguard import Effect as CoreEffect
+    from stateguard import EffectStatus
+    from stateguard.effects import EffectRecord
+    from stateguard_web.sagas.models import Effect
+
+    code = new_run()
+    journal = DjangoJournal()
+    charge = journal.effect_record(EffectRecord(
+        code, "s1", "charge_user", CoreEffect("stripe", "charge", "pi_1", amount=5000,
+                                              currency="usd", idempotency_key="k")))
+    assert charge.status == EffectStatus.APPLIED
+    journal.effect_record(EffectRecord(
+        code, "s1", "charge_user", CoreEffect("stripe", "refund", "re_1", amount=2000,
+                                              undoes="pi_1")))
+    assert Effect.objects.get(external_id="pi_1").status == "partially_compensated"
+    again = journal.effect_record(EffectRecord(  # found again by a reconciliation: no change
+        code, "s9", "other", CoreEffect("stripe", "refund", "re_1", amount=9999, undoes="pi_1")))
+    assert (again.step_id, again.effect.amount) == ("s1", 2000)
+    journal.effect_record(EffectRecord(
+        code, "s1", "charge_user", CoreEffect("stripe", "refund", "re_2", amount=3000,
+                                              undoes="pi_1")))
+    assert {e.effect.external_id: str(e.status) for e in journal.effects(code)} == {
+        "pi_1": "compensated", "re_1": "compensated", "re_2": "compensated"}
+    with pytest.raises(ProtectedError):  # money records outlive the journal's pruning
+        Run.objects.filter(code=code).delete()

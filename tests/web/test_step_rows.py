@@ -320,3 +320,21 @@ def test_it_refuses_a_deferring_journal_without_the_saver_that_writes_its_rows()
         StateGuardCheckpointer(journal=journal)
     with pytest.raises(ConfigurationError, match="plain code"):
         GuardedState(run_id="r", journal=journal)
+
+
+def test_it_records_a_first_runs_effects_beside_its_deferred_step_rows() -> None:
+    from stateguard import Effect, record_effect
+    from stateguard_web.sagas.models import Effect as EffectRow
+
+    def charge(state: dict[str, Any]) -> dict[str, Any]:
+        record_effect(Effect("stripe", "charge", "pi_first", amount=4200, currency="usd"))
+        return {}
+
+    journal, saver = deferring()
+    code = new_run()
+    guard = StateGuardCheckpointer(saver, journal=journal)
+    guard.invoke(guard.compile(line_builder(["a", "charge"], [], {"charge": charge})), {},
+                 config(code))
+    row = EffectRow.objects.get(external_id="pi_first")
+    step = Step.objects.get(run__code=code, node="charge")
+    assert (str(row.run.code), row.step_id, row.node) == (code, step.step_id, "charge")

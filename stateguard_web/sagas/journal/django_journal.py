@@ -20,10 +20,12 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from stateguard import ErrorInfo, RunLocked, RunNotFound
+from stateguard.effects import Effect as CoreEffect
+from stateguard.effects import EffectRecord, EffectStatus, settled_status
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -37,7 +39,14 @@ from stateguard.records import (
     json_default,
 )
 from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
-from stateguard_web.sagas.models import Approval, Compensation, CompensationAttempt, Run, Step
+from stateguard_web.sagas.models import (
+    Approval,
+    Compensation,
+    CompensationAttempt,
+    Effect,
+    Run,
+    Step,
+)
 
 _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
 # ``fence``: the run row, if its fencing token is still ours (or we hold no lease). On
@@ -405,3 +414,51 @@ class DjangoJournal:
                                a.decided_by or None, a.reason, a.requested_at.timestamp(),
                                _ts(a.decided_at))
                 for a in Approval.objects.filter(run__code=run_id).order_by("requested_at")]
+
+    # -- effects ----------------------------------------------------------------------------
+    # Not fenced: an effect happened whoever records it, and a worker that lost its lease has
+    # still charged the card. Recording it is always right; the unique key makes it once.
+    def effect_record(self, record: EffectRecord) -> EffectRecord:
+        e = record.effect
+        with transaction.atomic():
+            run_pk = Run.objects.filter(code=record.run_id).values_list("pk", flat=True).get()
+            try:
+                with transaction.atomic():  # a savepoint: another recorder may have won
+                    Effect.objects.create(
+                        run_id=run_pk, step_id=record.step_id, node=record.node,
+                        provider=e.provider, kind=e.kind, external_id=e.external_id,
+                        amount=e.amount, currency=e.currency, idempotency_key=e.idempotency_key,
+                        undoes=e.undoes, status=record.status.value,
+                        recorded_at=_dt(record.recorded_at))
+            except IntegrityError:
+                pass
+            stored = Effect.objects.get(provider=e.provider, external_id=e.external_id)
+            for external_id in filter(None, (stored.undoes, stored.external_id)):
+                _settle(e.provider, external_id)
+            stored.refresh_from_db()
+        return _effect_record(stored)
+
+    def effects(self, run_id: str) -> list[EffectRecord]:
+        return [_effect_record(e) for e in Effect.objects.filter(run__code=run_id)
+                .select_related("run").order_by("recorded_at", "pk")]
+
+
+def _settle(provider: str, external_id: str) -> None:
+    """Set an effect's status from the effects that undo it, under its row lock (two refunds
+    recorded at once must both be counted)."""
+    target = Effect.objects.select_for_update().filter(
+        provider=provider, external_id=external_id).first()
+    if target is None:
+        return
+    undoing = [_effect_record(u).effect
+               for u in Effect.objects.filter(provider=provider, undoes=external_id)]
+    status = settled_status(_effect_record(target).effect, undoing)
+    if status != target.status:
+        Effect.objects.filter(pk=target.pk).update(status=status.value)
+
+
+def _effect_record(e: Effect) -> EffectRecord:
+    return EffectRecord(str(e.run.code), e.step_id, e.node,
+                        CoreEffect(e.provider, e.kind, e.external_id, e.amount, e.currency,
+                                   e.idempotency_key, e.undoes),
+                        EffectStatus(e.status), e.recorded_at.timestamp())
