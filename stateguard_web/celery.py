@@ -36,6 +36,9 @@ def _keep_database_connections(**_: Any) -> None:
 
     for alias in connections:
         db = connections[alias].settings_dict
+        # The web processes' pool (DATABASE_POOL) is no use to a process that keeps one
+        # connection, and Django refuses a pool with persistent connections.
+        db.get("OPTIONS", {}).pop("pool", None)
         db["CONN_MAX_AGE"] = settings.WORKER_CONN_MAX_AGE
         db["CONN_HEALTH_CHECKS"] = True
         if connections[alias].vendor == "postgresql":  # names them in pg_stat_activity

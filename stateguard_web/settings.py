@@ -103,6 +103,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
+# Django's, reading a user's permissions in one query (every API request asks for them).
+AUTHENTICATION_BACKENDS = ["stateguard_web.accounts.backends.ModelBackend"]
+
 ROOT_URLCONF = "stateguard_web.urls"
 ASGI_APPLICATION = "stateguard_web.asgi.application"
 
@@ -128,6 +131,14 @@ DATABASES = {
 # 0 = close after each request: Django's docs say to disable persistent connections under ASGI
 # (Daphne). Celery worker processes keep theirs (stateguard_web.celery, WORKER_CONN_MAX_AGE).
 DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
+# PostgreSQL: each web process keeps this many connections in psycopg's pool (Django's "pool"
+# option), and a request borrows one instead of opening its own: a new backend per request cost
+# PostgreSQL ~7 ms of CPU, more than the API's queries (P6, docs/benchmarks.md). 0: no pool.
+# Workers keep their own connection instead (stateguard_web.celery).
+DATABASE_POOL = env.int("DATABASE_POOL", default=0)
+if DATABASE_POOL and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": DATABASE_POOL, "max_size": DATABASE_POOL}
 # Seconds a worker process keeps its database connection between tasks; 0 opens one per task.
 WORKER_CONN_MAX_AGE = env.int("WORKER_CONN_MAX_AGE", default=300)
 # Celery's Django fixup closes a worker's connections after every task unless this is set (it

@@ -25,7 +25,8 @@ class NotFound(LookupError):
 
 def run_get(*, code: str | uuid.UUID) -> Run:
     try:
-        return Run.objects.get(code=uuid.UUID(str(code)))
+        # With its submitter: a run's summary names it (one query fewer per API read).
+        return Run.objects.select_related("submitted_by").get(code=uuid.UUID(str(code)))
     except (ValueError, Run.DoesNotExist) as exc:
         raise RunNotFound(f"no run {code}") from exc
 

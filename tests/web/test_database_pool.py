@@ -1,0 +1,60 @@
+"""DATABASE_POOL: a pool of PostgreSQL connections per web process, none for workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stateguard_web.sagas import services
+from stateguard_web.sagas.models import Run
+from tests.web.conftest import ManagePy, Workers, wait_for
+
+
+def _pool_option(manage_py: ManagePy, env: dict[str, str]) -> str:
+    result = manage_py("shell", "-c", "from django.conf import settings; "
+                       "print(settings.DATABASES['default'].get('OPTIONS', {}).get('pool'))",
+                       env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()[-1]  # after shell's "N objects imported" line
+
+
+def test_it_gives_each_web_process_a_pool_of_the_size_asked(manage_py: ManagePy) -> None:
+    postgres = {"DATABASE_URL": "postgres://u@db.internal:5432/stateguard"}
+    assert _pool_option(manage_py, {**postgres, "DATABASE_POOL": "4"}) == \
+        "{'min_size': 4, 'max_size': 4}"
+    assert _pool_option(manage_py, {**postgres, "DATABASE_POOL": "0"}) == "None"
+
+
+def test_it_has_no_pool_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> None:
+    env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'x.sqlite3'}", "DATABASE_POOL": "4"}
+    assert _pool_option(manage_py, env) == "None"
+
+
+def test_a_worker_keeps_its_own_connection_when_the_web_pool_is_set(
+        workers: Workers, sandbox: Path) -> None:
+    """Workers get the web processes' environment (docs/deploy.md); Django refuses a pool with
+    the connection a worker keeps between tasks, so the worker drops the pool."""
+    from django.db import connection
+
+    def backends() -> set[tuple[int, str]]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid, backend_start::text FROM pg_stat_activity WHERE "
+                           "application_name = 'stateguard-worker'")
+            return set(cursor.fetchall())
+
+    workers.env["DATABASE_POOL"] = "3"
+    workers.start("w1")
+    assert _run(workers, "pool-1").status == Run.Status.SUCCEEDED, workers.logs()
+    first = backends()
+    assert _run(workers, "pool-2").status == Run.Status.SUCCEEDED, workers.logs()
+    assert len(first) == 1 and backends() == first  # one kept connection, not a pool
+
+
+def _run(workers: Workers, name: str) -> Run:
+    run = services.run_submit(agent="provision", input={"name": name})
+
+    def finished() -> bool:
+        run.refresh_from_db()
+        return run.status not in (Run.Status.PENDING, Run.Status.RUNNING)
+
+    wait_for(finished, 60, f"run {name} to finish", workers.logs)
+    return run
