@@ -12,6 +12,12 @@ metadata, and both the charge and the refund look for it before they act: a retr
 charge it finds (Stripe keeps idempotency keys for 24 hours only, and the local stand-in not at
 all), and the refund, which may run for a failed or in-doubt step (it is ``in_doubt_safe``),
 refunds what it finds and what is left of it, never more.
+
+Every charge and refund goes into the journal's effect ledger (``record_effect``), keyed by the
+PaymentIntent's id (a refund ``undoes`` it). A process can die between Stripe's answer and the
+record, so whoever finds one records it: the refund records the charge it finds, and the
+refunds its own earlier attempts made (their metadata names the run and the compensation's
+idempotency key).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from agents.registry import run_id
-from stateguard import Compensation, ExceptionContext
+from stateguard import Compensation, Effect, ExceptionContext, record_effect
 
 
 class CheckoutState(TypedDict, total=False):
@@ -63,6 +69,10 @@ def checkout_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
 
 
 RUN_KEY, STEP_KEY = "stateguard_run", "stateguard_step"
+# A refund's metadata names its run (RUN_KEY), the compensation that made it (its idempotency
+# key), the key its request sent and the attempt that sent it.
+UNDO_KEY, REQUEST_KEY = "stateguard_compensation", "stateguard_idempotency_key"
+ATTEMPT_KEY = "stateguard_attempt"
 # No blind resend of a charge or a refund by the SDK after a lost answer: a retry goes through
 # the lookup first (the node's, or the compensation's next attempt), which holds beyond
 # Stripe's 24-hour idempotency window and on stand-ins that keep no idempotency keys.
@@ -73,7 +83,7 @@ def find_charge(client: stripe.StripeClient, customer_id: str, run: str) -> Any 
     """The succeeded PaymentIntent this run's ``charge_user`` made, if any (by its metadata)."""
     intents = client.v1.payment_intents.list(params={"customer": customer_id, "limit": 100})
     for intent in intents.auto_paging_iter():
-        metadata = intent.metadata.to_dict() if intent.metadata else {}
+        metadata = _metadata(intent)
         if (metadata.get(RUN_KEY) == run and metadata.get(STEP_KEY) == "charge_user"
                 and intent.status == "succeeded"):
             return intent
@@ -83,6 +93,26 @@ def find_charge(client: stripe.StripeClient, customer_id: str, run: str) -> Any 
 def _charge_id(intent: Any) -> str:
     latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
     return str(latest if isinstance(latest, str) else latest.id)
+
+
+def _metadata(obj: Any) -> dict[str, Any]:
+    return obj.metadata.to_dict() if obj.metadata else {}
+
+
+def _charge_key(run: str) -> str:
+    return f"stateguard:{run}:charge_user"
+
+
+def record_charge(intent: Any, run: str) -> None:
+    """The ledger's record of the charge: the PaymentIntent, by its id (once, however often
+    it is found)."""
+    record_effect(Effect("stripe", "charge", intent.id, amount=int(intent.amount),
+                         currency=str(intent.currency), idempotency_key=_charge_key(run)))
+
+
+def _record_refund(refund: Any, intent: Any, key: str) -> None:
+    record_effect(Effect("stripe", "refund", refund.id, amount=int(refund.amount),
+                         currency=str(refund.currency), idempotency_key=key, undoes=intent.id))
 
 
 def checkout_builder(client: stripe.StripeClient,
@@ -104,7 +134,8 @@ def checkout_builder(client: stripe.StripeClient,
                 "amount": state["amount"], "currency": state.get("currency", "usd"),
                 "customer": state["customer_id"], "payment_method": "pm_card_visa",
                 "confirm": True, "metadata": {RUN_KEY: run, STEP_KEY: "charge_user"}},
-                options=_ONCE | {"idempotency_key": f"stateguard:{run}:charge_user"})
+                options=_ONCE | {"idempotency_key": _charge_key(run)})
+        record_charge(intent, run)  # also one it found: its first run may have died unrecorded
         return {"payment_intent_id": intent.id, "charge_id": _charge_id(intent),
                 "amount_charged": intent.amount}
 
@@ -128,24 +159,49 @@ def refund_compensation(client: stripe.StripeClient) -> Compensation:
     """Refund what is left of the charge: find it, check Stripe, refund with a stable key.
 
     ``in_doubt_safe``: it acts only on a charge it finds, so it also runs for a ``charge_user``
-    that failed or was cut off mid-way, whose charge may exist without its id in the state."""
+    that failed or was cut off mid-way, whose charge may exist without its id in the state.
 
-    def refund_stripe_charge(state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        charge_id = (state or {}).get("charge_id")
-        if not charge_id and (state or {}).get("customer_id"):
+    Returns what it did (journaled as the attempt's result): the refund it made, or the
+    refunds an earlier attempt of this compensation made (found by their metadata: that
+    attempt's process died before it recorded them, or its answer was lost); falsy when there
+    was no charge, or someone else (an admin) had refunded all of it."""
+
+    def refund_stripe_charge(state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
+        state = state or {}
+        intent: Any = None
+        if state.get("payment_intent_id"):
+            intent = client.v1.payment_intents.retrieve(state["payment_intent_id"])
+        elif state.get("customer_id"):
             intent = find_charge(client, state["customer_id"], ctx.run_id)
-            charge_id = _charge_id(intent) if intent is not None else None
-        if not charge_id:
+        if intent is None:
             return False  # the charge never happened: nothing to undo
+        record_charge(intent, ctx.run_id)  # the charge step may have died before it did
+        charge_id = _charge_id(intent)
+        ours = [r for r in client.v1.refunds.list(params={"charge": charge_id, "limit": 100})
+                .auto_paging_iter() if _metadata(r).get(UNDO_KEY) == ctx.idempotency_key]
+        made = [r for r in ours if r.status not in ("failed", "canceled")]
+        for refund in made:  # an earlier attempt's, perhaps never recorded
+            _record_refund(refund, intent, _metadata(refund).get(REQUEST_KEY, ""))
         charge = client.v1.charges.retrieve(charge_id)
+        # What Stripe says is left, never more: localstripe would accept a refund beyond it.
         remaining = charge.amount - (charge.amount_refunded or 0)
         if remaining <= 0:
-            return False  # already refunded (by an earlier attempt or by hand)
-        client.v1.refunds.create(
+            if not made:
+                return False  # refunded in full by someone else (an admin, by hand)
+            return "; ".join(f"found {r.id}: {r.amount} {r.currency} refunded by attempt "
+                             f"{_metadata(r).get(ATTEMPT_KEY, '?')}" for r in made)
+        # The first refund sends the compensation's key. Another one (a refund of ours failed
+        # at the bank and gave the money back) needs a key of its own: Stripe would answer the
+        # first key with the first refund.
+        key = ctx.idempotency_key + (f":{len(ours) + 1}" if ours else "")
+        refund = client.v1.refunds.create(
             params={"charge": charge_id, "amount": remaining,
-                    "metadata": {"stateguard_run": ctx.run_id, "reason": ctx.reason}},
-            options=_ONCE | {"idempotency_key": ctx.idempotency_key})
-        return True
+                    "metadata": {RUN_KEY: ctx.run_id, "reason": ctx.reason,
+                                 UNDO_KEY: ctx.idempotency_key, REQUEST_KEY: key,
+                                 ATTEMPT_KEY: str(ctx.attempt)}},
+            options=_ONCE | {"idempotency_key": key})
+        _record_refund(refund, intent, key)
+        return f"refunded {refund.id}: {refund.amount} {refund.currency}"
 
     return Compensation(refund_stripe_charge, in_doubt_safe=True)
 

@@ -213,6 +213,12 @@ STATEGUARD_LEASE_RENEW_SECONDS = env.int("STATEGUARD_LEASE_RENEW_SECONDS", defau
 STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
 if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
     raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
+# What recovery does with a run whose worker died, per agent, over the agent's own on_crash:
+# "checkout=resume,provision=unwind". "resume" runs the node that was cut off again, so only for
+# an agent whose nodes find what their dead run did (checkout's charge finds its PaymentIntent).
+STATEGUARD_ON_CRASH = env.dict("STATEGUARD_ON_CRASH", default={})
+if _bad := {a: p for a, p in STATEGUARD_ON_CRASH.items() if p not in ("unwind", "resume")}:
+    raise ImproperlyConfigured(f"STATEGUARD_ON_CRASH: {_bad} (each agent=unwind or agent=resume)")
 STATEGUARD_SANDBOX_DIR = BASE_DIR / env.str("STATEGUARD_SANDBOX_DIR", default="var/sandbox")
 # The REST API refuses a request body larger than this (413), before reading it.
 STATEGUARD_API_MAX_BODY_BYTES = env.int("STATEGUARD_API_MAX_BODY_BYTES", default=1_048_576)

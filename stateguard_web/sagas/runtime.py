@@ -9,11 +9,13 @@ after the fork.
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import connection
 from django.dispatch import receiver
@@ -93,7 +95,13 @@ def agent_spec(agent: str) -> AgentSpec:
 
 @cache
 def _spec(agent: str) -> AgentSpec:
-    return registry.get(agent, agent_settings())
+    """The agent's spec, with the deployment's ``STATEGUARD_ON_CRASH`` for it, if any, over
+    the agent's own crash policy."""
+    overrides = settings.STATEGUARD_ON_CRASH
+    if unknown := set(overrides) - set(registry.names(benchmarks=True)):
+        raise ImproperlyConfigured(f"STATEGUARD_ON_CRASH names no agent: {sorted(unknown)}")
+    spec = registry.get(agent, agent_settings())
+    return replace(spec, on_crash=overrides[agent]) if agent in overrides else spec
 
 
 def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
@@ -116,7 +124,8 @@ def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 @receiver(setting_changed)
 def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
-    if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR"):
+    if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
+                   "STATEGUARD_ON_CRASH"):
         _guard.cache_clear()
         _spec.cache_clear()
 
