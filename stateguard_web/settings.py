@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "ninja",  # the API docs' own JS and CSS (served from static files, not a CDN)
     "stateguard_web.sagas",
     "stateguard_web.accounts",
+    "stateguard_web.payments",  # after sagas: its admin extends the journal's Run admin
 ]
 
 MIDDLEWARE = [

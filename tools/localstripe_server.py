@@ -78,20 +78,36 @@ def _set_persistence(store_path: Path | None) -> None:
 
 
 def _list_payment_intents_by_customer() -> None:
-    """Stripe lists a customer's PaymentIntents (``GET /v1/payment_intents?customer=...``);
-    localstripe refuses the filter. The checkout agent looks a charge up that way (by the
-    run and step it names in its metadata), so give the stand-in the filter Stripe has."""
+    """Stripe lists a customer's PaymentIntents (``GET /v1/payment_intents?customer=...``) and
+    those created in a range (``created[gte]=...``, also ``gt``, ``lt``, ``lte``, or one
+    timestamp); localstripe refuses both filters. The checkout agent looks a charge up by
+    customer (by the run and step it names in its metadata), and ``reconcile_effects --since``
+    lists by ``created``, so give the stand-in the filters Stripe has."""
     intent: Any = ls_resources.PaymentIntent
     list_all = ls_resources.StripeObject._api_list_all.__func__  # type: ignore[attr-defined]
 
-    def _api_list_all(cls: Any, url: str, customer: str | None = None, limit: Any = None,
-                      starting_after: Any = None) -> Any:
+    def _api_list_all(cls: Any, url: str, customer: str | None = None, created: Any = None,
+                      limit: Any = None, starting_after: Any = None) -> Any:
         listed = list_all(cls, url, limit=limit, starting_after=starting_after)
         if customer is not None:
             listed._list = [p for p in listed._list if p.customer == customer]
+        if created is not None:
+            listed._list = [p for p in listed._list if _created_in(p.created, created)]
         return listed
 
     intent._api_list_all = classmethod(_api_list_all)
+
+
+def _created_in(created: int, bounds: Any) -> bool:
+    """Stripe's ``created`` filter: a timestamp, or a dict of ``gt``/``gte``/``lt``/``lte``."""
+    tests = {"gt": int.__gt__, "gte": int.__ge__, "lt": int.__lt__, "lte": int.__le__}
+    if not isinstance(bounds, dict):
+        bounds = {"eq": bounds}
+        tests["eq"] = int.__eq__
+    try:
+        return all(tests[op](created, int(value)) for op, value in bounds.items())
+    except (KeyError, TypeError, ValueError):
+        raise ls_resources.UserError(400, "Bad request: created") from None
 
 
 def _configure_logging() -> logging.Logger:

@@ -9,6 +9,8 @@ roles in ``roles`` are groups of them)::
     submit   sagas.submit_run
     operate  sagas.operate_run: approve, reject, retry, compensate, resolve, retry one
              compensation (of any run)
+    refund   payments.refund_effect: refund a charge of the ledger by hand, verify the
+             ledger with Stripe (the admin's actions; an operator's role has it)
 
 Superusers may do everything; inactive and anonymous users nothing. ``check`` tells two
 refusals apart: ``PermissionDenied`` when the user may not do this to any run (the API's 403),
@@ -37,6 +39,7 @@ class Ability(StrEnum):
     VIEW = "view"
     SUBMIT = "submit"
     OPERATE = "operate"
+    REFUND = "refund"
 
 
 def _active(user: Any) -> bool:
@@ -83,6 +86,8 @@ def may(user: Any, ability: Ability, run: Run | None = None) -> bool:
         return _reads_own(user)
     if ability == Ability.OPERATE:
         return bool(user.has_perm("sagas.operate_run"))
+    if ability == Ability.REFUND:  # a string, not an import: payments uses accounts
+        return bool(user.has_perm("payments.refund_effect"))
     raise ValueError(f"unknown ability {ability!r}")
 
 

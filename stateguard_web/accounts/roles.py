@@ -18,9 +18,10 @@ class Role(StrEnum):
 
 
 # The permissions (app_label.codename) of each role. Migration 0002 holds its own copy, as
-# migrations must: change both together, in a new migration.
+# migrations must: change both together, in a new migration. payments.refund_effect is given
+# to operators by payments' migration 0002 (payments depends on accounts, not the reverse).
 ROLES: dict[Role, tuple[str, ...]] = {
     Role.VIEWER: ("sagas.view_run",),
     Role.SUBMITTER: ("sagas.submit_run",),
-    Role.OPERATOR: ("sagas.view_run", "sagas.operate_run"),
+    Role.OPERATOR: ("sagas.view_run", "sagas.operate_run", "payments.refund_effect"),
 }

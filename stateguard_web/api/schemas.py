@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from ninja import Field, Schema
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, StringConstraints, field_validator
 
+from stateguard.effects import EffectStatus
 from stateguard.records import ApprovalStatus, CompensationStatus, RunStatus, StepStatus
 from stateguard_web.sagas import runtime
 
@@ -206,6 +207,19 @@ class CompensationOut(Schema):
     attempts: list[AttemptOut]
 
 
+class EffectOut(Schema):
+    provider: str
+    kind: str = Field(description="charge, refund, ...")
+    external_id: str = Field(description="the provider's id (a Stripe PaymentIntent, refund)")
+    amount: int | None = Field(description="in the currency's smallest unit (cents)")
+    currency: str
+    status: EffectStatus
+    undoes: str | None = Field(description="the external id of the effect this one undoes "
+                                           "(a refund's charge)")
+    node: str
+    recorded_at: datetime
+
+
 class ApprovalOut(Schema):
     id: int
     node: str
@@ -235,6 +249,7 @@ class AuditOut(Schema):
 class RunDetailOut(RunOut):
     steps: list[StepOut]
     compensations: list[CompensationOut]
+    effects: list[EffectOut]
     approvals: list[ApprovalOut]
     violated_invariant: InvariantOut | None
     audit: list[AuditOut]

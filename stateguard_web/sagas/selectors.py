@@ -116,8 +116,8 @@ def run_summary(*, run: Run) -> dict[str, Any]:
 
 
 def run_detail(*, run: Run) -> dict[str, Any]:
-    """The run with its steps, compensations (and every attempt), approvals, the violated
-    invariant if any and the audit trail, as JSON data."""
+    """The run with its steps, compensations (and every attempt), effects (the ledger),
+    approvals, the violated invariant if any and the audit trail, as JSON data."""
     steps = list(run.steps.order_by("started_at", "pk"))
     comps = run.compensations.select_related("step").prefetch_related("attempts")
     return {
@@ -140,6 +140,12 @@ def run_detail(*, run: Run) -> dict[str, Any]:
                                          "result": a.result, "error": a.error}
                                         for a in c.attempts.all()]}
                           for c in comps],
+        # The ledger: what the run did to the world (charges, refunds) and whether it is undone.
+        "effects": [{"provider": e.provider, "kind": e.kind, "external_id": e.external_id,
+                     "amount": e.amount, "currency": e.currency, "status": e.status,
+                     "undoes": e.undoes or None, "node": e.node,
+                     "recorded_at": e.recorded_at.isoformat()}
+                    for e in run.effects.order_by("recorded_at", "pk")],
         "approvals": [{"id": a.pk, "node": a.node, "step_id": a.step_id, "payload": a.payload,
                        "status": a.status, "decided_by": a.decided_by or None,
                        "reason": a.reason, "requested_at": a.requested_at.isoformat(),

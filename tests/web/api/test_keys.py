@@ -85,7 +85,7 @@ class RoleTests(TestCase):
         perms = {group.name: sorted(p.codename for p in group.permissions.all())
                  for group in Group.objects.all()}
         assert perms == {"viewer": ["view_run"], "submitter": ["submit_run"],
-                         "operator": ["operate_run", "view_run"]}
+                         "operator": ["operate_run", "refund_effect", "view_run"]}
 
     def test_it_answers_who_may_do_what_to_which_run(self) -> None:
         alice, bob = make_user("alice", "submitter"), make_user("bob", "submitter")
