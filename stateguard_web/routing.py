@@ -4,4 +4,6 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver
 
-websocket_urlpatterns: list[URLPattern | URLResolver] = []
+from stateguard_web.dashboard import routing as dashboard
+
+websocket_urlpatterns: list[URLPattern | URLResolver] = [*dashboard.websocket_urlpatterns]

@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "ninja",  # the API docs' own JS and CSS (served from static files, not a CDN)
     "stateguard_web.sagas",
     "stateguard_web.accounts",
+    "stateguard_web.dashboard",  # the operator's pages and their websockets
     "stateguard_web.payments",  # after sagas: its admin extends the journal's Run admin
 ]
 
@@ -107,6 +108,11 @@ MIDDLEWARE = [
 # Django's, reading a user's permissions in one query (every API request asks for them).
 AUTHENTICATION_BACKENDS = ["stateguard_web.accounts.backends.ModelBackend"]
 
+# The dashboard's login (Django auth, sessions); its home page is the runs list.
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:runs"
+LOGOUT_REDIRECT_URL = "dashboard:login"
+
 ROOT_URLCONF = "stateguard_web.urls"
 ASGI_APPLICATION = "stateguard_web.asgi.application"
 
@@ -120,6 +126,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "stateguard_web.dashboard.context_processors.nav",  # role, inbox counts
             ],
         },
     },

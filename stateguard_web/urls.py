@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from stateguard_web import health, metrics, views
 from stateguard_web.api.api import api
@@ -13,4 +13,6 @@ urlpatterns = [
     path("api/", api.urls),
     path("healthz", views.healthz, name="healthz"),
     path("metrics", metrics.metrics, name="metrics"),
+    # Last: the dashboard's pages, from the site's root (its home page is the runs list).
+    path("", include("stateguard_web.dashboard.urls")),
 ]

@@ -110,8 +110,22 @@ def publish(event: Event) -> None:
     """The guard's ``on_event``: forward the event to the run's group and the run list.
 
     Consumers receive ``{"type": "run.events", "events": [payload, ...]}``, oldest first."""
-    payload = event_payload(event)
-    groups = (run_group(event.run_id), ALL_RUNS_GROUP)
+    _publish(event.run_id, event_payload(event))
+
+
+def publish_change(run_code: object, type: str, **data: Any) -> None:
+    """A change the web app makes to a run outside the guard, for the same live views and in
+    the same shape as the guard's events: a submission (``run.submitted``), an operator's
+    request left for a worker and its end (``run.request``, ``data["action"]`` None once a
+    worker carried it out or refused it), a resolution by hand (``run.status``). Sent once the
+    surrounding transaction commits, like the guard's."""
+    code = str(run_code)
+    _publish(code, {"type": type, "run": code, "node": None, "step_id": None, "data": data,
+                    "at": time.time()})
+
+
+def _publish(run_id: str, payload: dict[str, Any]) -> None:
+    groups = (run_group(run_id), ALL_RUNS_GROUP)
     if transaction.get_connection().in_atomic_block:
         transaction.on_commit(lambda: _safe_send(groups, payload))
     else:  # autocommit: what the event reports is written already (or goes with the checkpoint)

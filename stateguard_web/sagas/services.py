@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
-from stateguard_web.sagas import runtime, tasks
+from stateguard_web.sagas import events, runtime, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 
@@ -113,6 +113,7 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
                                      idempotency_key=key, submission_hash=fingerprint)
             _audit(run, by, "run.submitted", agent=agent)
             tasks.run_execute.delay_on_commit(run.pk)
+            events.publish_change(run.code, "run.submitted", agent=agent, status=run.status)
     except IntegrityError:
         first = Run.objects.filter(submitted_by=user, idempotency_key=key).first() if key else None
         if first is None:
@@ -168,6 +169,7 @@ def _request(run: Run, by: By, action: Action, **details: str) -> None:
     run.requested_at = timezone.now()
     run.save(update_fields=["request", "requested_at"])
     tasks.run_request.delay_on_commit(run.pk, run.request["id"])
+    events.publish_change(run.code, "run.request", action=str(action), by=run.request["by"])
 
 
 def _pending(run: Run, node: str | None, step_id: str | None) -> Approval:
@@ -277,4 +279,5 @@ def run_resolve_by_hand(*, run: Run, by: By, note: str) -> Run:
     run.status = Run.Status.COMPENSATED
     run.save(update_fields=["status", "updated_at"])
     _audit(run, by, "run.resolved_by_hand", note=note)
+    events.publish_change(run.code, "run.status", status=str(run.status))
     return run

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, refusal
+from stateguard_web.sagas import events
 from stateguard_web.sagas.journal import LeaseLost
 from stateguard_web.sagas.models import AuditEvent, Run
 
@@ -149,8 +150,10 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
 
     # A RunLocked retry raises out of here and leaves the request for the next attempt.
     _with_guard(run, carry_out, self, request=action, by=by)
-    Run.objects.filter(pk=run_pk, request__id=request_id).update(request=None,
-                                                                 requested_at=None)
+    if Run.objects.filter(pk=run_pk, request__id=request_id).update(request=None,
+                                                                    requested_at=None):
+        # Live pages say the request is no longer waiting (and re-read the run).
+        events.publish_change(run.code, "run.request", action=None, done=action, by=by)
 
 
 @shared_task(acks_late=True)

@@ -31,8 +31,8 @@ class Server:
     """A Daphne process serving ``stateguard_web.asgi:application`` on a free port, with the
     workers' environment (the test database, the test Redis, localstripe)."""
 
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.port = _free_port()
+    def __init__(self, env: dict[str, str], log: Path, port: int | None = None) -> None:
+        self.port = port or _free_port()  # a port again: the same server restarted
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with log.open("wb") as out:

@@ -1,0 +1,135 @@
+"""Websockets that keep the dashboard's pages live: ``ws/runs/`` (every run the user may see)
+and ``ws/runs/<code>/`` (one run).
+
+They forward what ``sagas.events`` publishes to the groups ``runs`` and ``run.<code>``: batches
+``{"type": "run.events", "events": [payload, ...]}``, oldest first. Access is checked once, in
+``connect()``, by ``accounts.access`` (the router in ``asgi`` has already checked the Origin and
+read the session): an anonymous user, a user with no role, or a submitter asking for someone
+else's run is refused during the handshake. On the list socket a submitter hears only its own
+runs (filtered per batch; the few lookups it needs are remembered).
+
+A page sends one thing: ``{"type": "ping"}`` (answered ``{"type": "pong"}``), a heartbeat that
+lets it notice a connection that died silently. Anything else closes that socket and only it:
+a frame over ``MAX_FRAME`` characters (1009, "message too big"), binary, not JSON, or not a
+ping (1003, "unsupported data").
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from stateguard_web.accounts import access
+from stateguard_web.accounts.access import Ability
+from stateguard_web.sagas.events import ALL_RUNS_GROUP, run_group
+from stateguard_web.sagas.models import Run
+
+MAX_FRAME = 1024
+CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 1003, 1009
+_REMEMBERED = 10_000  # run codes a submitter's list socket remembers as its own or not
+
+
+class _LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+    group: str | None = None
+
+    async def authorize(self) -> str | None:
+        """The group to listen to, or ``None`` to refuse the connection."""
+        raise NotImplementedError
+
+    async def connect(self) -> None:
+        group = await self.authorize()
+        if group is None or self.channel_layer is None:
+            await self.close()  # before accept(): the handshake is refused (HTTP 403)
+            return
+        self.group = group
+        await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None and self.channel_layer is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive(self, text_data: str | None = None,
+                      bytes_data: bytes | None = None) -> None:
+        if text_data is None or bytes_data is not None:
+            await self.close(code=CLOSE_UNSUPPORTED)
+            return
+        if len(text_data) > MAX_FRAME:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        try:
+            message = json.loads(text_data)
+        except ValueError:
+            message = None
+        if message != {"type": "ping"}:
+            await self.close(code=CLOSE_UNSUPPORTED)
+            return
+        await self.send_json({"type": "pong"})
+
+    async def run_events(self, event: dict[str, Any]) -> None:
+        """A batch from the publisher (``sagas.events``), forwarded as it is, in its order."""
+        events = await self.visible(event["events"])
+        if events:
+            await self.send_json({"type": "run.events", "events": events})
+
+    async def visible(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return events
+
+
+class RunConsumer(_LiveConsumer):
+    """One run's events, for its detail page."""
+
+    async def authorize(self) -> str | None:
+        code = str(self.scope["url_route"]["kwargs"]["code"])
+        return run_group(code) if await self._may_view(code) else None
+
+    @database_sync_to_async  # type: ignore[misc]
+    def _may_view(self, code: str) -> bool:
+        run = Run.objects.filter(code=code).first()
+        return run is not None and access.may(self.scope.get("user"), Ability.VIEW, run)
+
+
+class RunsConsumer(_LiveConsumer):
+    """Every run's events that the user may see, for the runs list, the inboxes and the
+    navigation's counts."""
+
+    reads_all = False
+
+    async def authorize(self) -> str | None:
+        may_view, self.reads_all = await self._abilities()
+        self.mine: dict[str, bool] = {}
+        return ALL_RUNS_GROUP if may_view else None
+
+    @database_sync_to_async  # type: ignore[misc]
+    def _abilities(self) -> tuple[bool, bool]:
+        user = self.scope.get("user")
+        return access.may(user, Ability.VIEW), access.reads_all_runs(user)
+
+    async def visible(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.reads_all:
+            return events
+        unknown = {str(e.get("run")) for e in events} - set(self.mine)
+        if unknown:
+            if len(self.mine) > _REMEMBERED:
+                self.mine.clear()
+            self.mine.update(await self._own(unknown))
+        return [e for e in events if self.mine.get(str(e.get("run")))]
+
+    @database_sync_to_async  # type: ignore[misc]
+    def _own(self, codes: set[str]) -> dict[str, bool]:
+        valid = {c for c in codes if _is_uuid(c)}
+        seen = {str(c) for c in access.visible_runs(self.scope.get("user"))
+                .filter(code__in=valid).values_list("code", flat=True)}
+        return {c: c in seen for c in codes}
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True

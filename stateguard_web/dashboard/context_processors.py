@@ -1,0 +1,26 @@
+"""The navigation's data on every page that extends ``base.html``: the user's role and the
+inbox counts. Lazy, so pages that never show the navigation (the admin's) never query."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from django.utils.functional import SimpleLazyObject
+
+from stateguard_web.accounts import access
+from stateguard_web.accounts.access import Ability
+from stateguard_web.dashboard import pages
+
+
+def _nav(user: Any) -> dict[str, Any]:
+    sees_runs = access.may(user, Ability.VIEW)
+    counts = pages.inbox_counts(user) if sees_runs else {"approvals": 0, "attention": 0}
+    return {"role": pages.role_of(user), "sees_runs": sees_runs, **counts}
+
+
+def nav(request: HttpRequest) -> dict[str, Any]:
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {}
+    return {"nav": SimpleLazyObject(lambda: _nav(user))}

@@ -1,0 +1,235 @@
+"""What each page shows, read from the journal: the runs list, a run's detail, the inboxes.
+
+Reads only. The runs the user may see come from ``accounts.access.visible_runs``, the filtered
+list from ``sagas.selectors.run_list``; which actions a run accepts from ``stateguard.lifecycle``
+(the state machine the services enforce) and whether the user may act from ``access``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, QuerySet
+
+from stateguard import lifecycle
+from stateguard.lifecycle import Action
+from stateguard.records import EFFECT_STATUSES
+from stateguard.retry import CompensationRetry
+from stateguard.spec import GuardSpec, build_compensations
+from stateguard.unwind import plan
+from stateguard_web.accounts import access
+from stateguard_web.accounts.access import Ability
+from stateguard_web.dashboard import graph
+from stateguard_web.sagas import runtime, selectors
+from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
+
+PAGE_SIZE = 50
+INBOX_LIMIT = 200
+# The inboxes: runs that wait for a person. A failed run is held for an operator too (retry
+# it, or compensate it), so it is in "needs attention" beside the runs whose undo failed.
+ATTENTION = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED)
+
+
+def role_of(user: Any) -> str:
+    """The user's role, in words, as the navigation shows it."""
+    if not access.may(user, Ability.VIEW) and not access.may(user, Ability.SUBMIT):
+        return "no role"
+    if user.is_superuser:
+        return "superuser"
+    if access.may(user, Ability.OPERATE):
+        return "operator"
+    if access.reads_all_runs(user):
+        return "viewer"
+    return "submitter"
+
+
+def approvals_waiting(user: Any) -> QuerySet[Approval]:
+    """Pending approvals of the paused runs ``user`` may see, oldest first."""
+    return (Approval.objects.filter(status=Approval.Status.PENDING, run__status=Run.Status.PAUSED,
+                                    run__in=access.visible_runs(user))
+            .select_related("run", "run__submitted_by").order_by("requested_at", "pk"))
+
+
+def runs_needing_attention(user: Any) -> QuerySet[Run]:
+    """Runs ``user`` may see that wait for an operator, the longest-waiting first."""
+    return (access.visible_runs(user).filter(status__in=ATTENTION)
+            .select_related("submitted_by").order_by("updated_at", "pk"))
+
+
+def inbox_counts(user: Any) -> dict[str, int]:
+    return {"approvals": approvals_waiting(user).count(),
+            "attention": runs_needing_attention(user).count()}
+
+
+# -- the runs list --------------------------------------------------------------------------
+
+RANGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7),
+          "30d": timedelta(days=30)}
+
+
+@dataclass(frozen=True, slots=True)
+class Chip:
+    status: str  # "" for every status
+    label: str
+    count: int
+    active: bool
+
+
+@dataclass(slots=True)
+class RunListPage:
+    runs: list[Run]
+    chips: list[Chip]
+    total: int  # runs matching every filter
+    page: int
+    pages: int
+
+
+def run_list_page(*, user: Any, status: str = "", agent: str = "", q: str = "",
+                  created_after: datetime | None = None, created_before: datetime | None = None,
+                  page: int = 1) -> RunListPage:
+    """One page of the runs ``user`` may see, newest first, and the count of each status under
+    the other filters (the chips). The total comes from those counts: no second count query."""
+    filters = {"agent": agent or None, "q": q or None, "created_after": created_after,
+               "created_before": created_before}
+    visible = access.visible_runs(user)
+    unfiltered = selectors.run_list(runs=visible, **filters)
+    counts = dict(unfiltered.order_by().values_list("status").annotate(n=Count("pk")))
+    total_all = sum(counts.values())
+    chips = [Chip("", "All", total_all, not status)]
+    chips += [Chip(value, label, counts.get(value, 0), status == value)
+              for value, label in Run.Status.choices]
+    total = counts.get(status, 0) if status else total_all
+    pages = max(1, -(-total // PAGE_SIZE))
+    page = min(max(page, 1), pages)
+    runs = selectors.run_list(runs=visible, status=status or None, **filters)
+    offset = (page - 1) * PAGE_SIZE
+    return RunListPage(list(runs[offset:offset + PAGE_SIZE]), chips, total, page, pages)
+
+
+# -- a run's detail ---------------------------------------------------------------------------
+
+COMPENSATION_WORDS = {
+    Compensation.Status.RUNNING: ("run", "compensating"),
+    Compensation.Status.SUCCEEDED: ("undo", "compensated"),
+    Compensation.Status.NOTHING_TO_UNDO: ("undo", "nothing to undo"),
+    Compensation.Status.FAILED: ("bad", "compensation failed"),
+    Compensation.Status.SKIPPED_IN_DOUBT: ("warn", "skipped (in doubt)"),
+}
+STEP_WORDS = {
+    Step.Status.STARTED: ("run", "running"),
+    Step.Status.SUCCEEDED: ("ok", "succeeded"),
+    Step.Status.FAILED: ("bad", "failed"),
+    Step.Status.VIOLATED: ("bad", "invariant violated"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedUndo:
+    """One compensation "compensate now" would run, in the order it would run."""
+
+    node: str
+    step_id: str
+    why: str  # what the step did, or why its effect is unknown
+    note: str = ""  # e.g. "will be skipped: in doubt and not declared safe"
+
+
+@dataclass(slots=True)
+class RunPage:
+    run: Run
+    steps: list[Step]
+    compensations: list[Compensation]
+    effects: list[Effect]
+    approvals: list[Approval]
+    audit: list[Any]
+    pending: list[Approval]
+    violation: dict[str, Any] | None
+    violation_state: Any
+    graph_svg: str | None
+    actions: set[str]  # the actions this user may take on the run now
+    undo_plan: list[PlannedUndo] = field(default_factory=list)
+    failed_step: Step | None = None
+    request: str | None = None
+    can_operate: bool = False
+
+
+def run_page(*, run: Run, user: Any) -> RunPage:
+    steps = list(run.steps.order_by("started_at", "pk"))
+    compensations = list(run.compensations.select_related("step").prefetch_related("attempts")
+                         .order_by("created_at", "pk"))
+    approvals = list(run.approvals.order_by("requested_at", "pk"))
+    pending = [a for a in approvals if a.status == Approval.Status.PENDING]
+    violation = selectors._violated_invariant(run, steps)
+    violated = [s for s in steps if s.status == Step.Status.VIOLATED]
+    can_operate = access.may(user, Ability.OPERATE, run)
+    waiting = run.waiting_request
+    actions = {str(a) for a in lifecycle.allowed(run.status, waiting=waiting)
+               if a in lifecycle.REQUESTS} if can_operate else set()
+    if not pending:
+        actions -= {Action.APPROVE, Action.REJECT}
+    failed_step = next((s for s in reversed(steps) if s.status == Step.Status.FAILED), None)
+    page = RunPage(
+        run=run, steps=steps, compensations=compensations,
+        effects=list(run.effects.order_by("recorded_at", "pk")), approvals=approvals,
+        audit=list(run.audit_events.order_by("created_at", "pk")), pending=pending,
+        violation=violation,
+        violation_state=violated[-1].state_after if violated else None,
+        graph_svg=_graph(run, steps, compensations, pending), actions=actions,
+        failed_step=failed_step, request=waiting, can_operate=can_operate)
+    if actions & {Action.COMPENSATE, Action.REJECT}:
+        page.undo_plan = undo_plan(run, compensations)
+    return page
+
+
+def undo_plan(run: Run, compensations: list[Compensation]) -> list[PlannedUndo]:
+    """The compensations an unwind of ``run`` would run now, in order (newest step first):
+    the core's own plan (``stateguard.unwind.plan``, with the steps a dead worker left in
+    doubt, as an operator's compensate has them), less the steps with no compensation and
+    those already undone."""
+    try:
+        spec = runtime.agent_spec(run.agent)
+    except KeyError:
+        return []
+    guard_spec = GuardSpec((), build_compensations(spec.compensations), {}, CompensationRetry())
+    done = {c.step.step_id for c in compensations
+            if c.status in (Compensation.Status.SUCCEEDED, Compensation.Status.NOTHING_TO_UNDO)}
+    planned = []
+    for item in plan(runtime.journal(), str(run.code), guard_spec, include_in_doubt=True):
+        step = item.step
+        if item.compensation is None or step.step_id in done:
+            continue
+        if step.status in EFFECT_STATUSES:
+            why = f"{step.node} {step.status}"
+        else:
+            why = f"{step.node} {step.status}: its effect is unknown, the undo checks first"
+        note = ("" if not item.in_doubt or item.compensation.in_doubt_safe
+                else "skipped: in doubt, and its compensation is not declared safe to run")
+        planned.append(PlannedUndo(step.node, step.step_id, why, note))
+    return planned
+
+
+def _graph(run: Run, steps: list[Step], compensations: list[Compensation],
+           pending: list[Approval]) -> str | None:
+    lay = graph.agent_layout(run.agent)
+    if lay is None:
+        return None
+    states: dict[str, graph.NodeState] = {}
+    undone = {c.step_id: c for c in compensations}
+    live = run.status in (Run.Status.RUNNING, Run.Status.COMPENSATING)
+    for step in steps:  # oldest first: a node's latest step wins
+        css, words = STEP_WORDS.get(step.status, ("idle", step.status))
+        current = live and step.status == Step.Status.STARTED
+        comp = undone.get(step.pk)
+        if comp is not None and comp.status == Compensation.Status.NOTHING_TO_UNDO:
+            words += " · nothing to undo"  # the step's own outcome still says what happened
+        elif comp is not None:
+            css, words = COMPENSATION_WORDS.get(comp.status, ("undo", comp.status))
+            current = comp.status == Compensation.Status.RUNNING and live
+        if step.attempt > 1:
+            words += f" · attempt {step.attempt}"
+        states[step.node] = graph.NodeState(css, words, current)
+    for approval in pending:
+        states[approval.node] = graph.NodeState("wait", "awaiting approval",
+                                                run.status == Run.Status.PAUSED)
+    return graph.render(lay, states, title=f"Graph of the {run.agent} agent")

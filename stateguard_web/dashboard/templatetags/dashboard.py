@@ -1,0 +1,145 @@
+"""``{% load dashboard %}``: statuses as colour and words, times, durations, JSON and money.
+
+Everything here escapes what it is given (agent input, node names, errors): it returns markup
+built with ``format_html`` or plain text that the template escapes.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from django import template
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+register = template.Library()
+
+# status -> (colour class, symbol, words). The symbol is decoration (aria-hidden); the words
+# say the status, so colour is never the only sign of it.
+BADGES: dict[str, dict[str, tuple[str, str, str]]] = {
+    "run": {
+        "pending": ("idle", "◌", "pending"),
+        "running": ("run", "●", "running"),
+        "paused": ("wait", "‖", "paused"),
+        "failed": ("bad", "✕", "failed"),
+        "succeeded": ("ok", "✓", "succeeded"),
+        "compensating": ("run", "↺", "compensating"),
+        "compensated": ("undo", "↩", "compensated"),
+        "needs_attention": ("bad", "⚠", "needs attention"),
+    },
+    "step": {
+        "started": ("run", "●", "running"),
+        "succeeded": ("ok", "✓", "succeeded"),
+        "failed": ("bad", "✕", "failed"),
+        "violated": ("bad", "⚠", "invariant violated"),
+    },
+    "compensation": {
+        "running": ("run", "↺", "compensating"),
+        "succeeded": ("undo", "↩", "undone"),
+        "nothing_to_undo": ("idle", "○", "nothing to undo"),
+        "failed": ("bad", "✕", "failed"),
+        "skipped_in_doubt": ("warn", "?", "skipped (in doubt)"),
+    },
+    "approval": {
+        "pending": ("wait", "‖", "awaiting decision"),
+        "approved": ("ok", "✓", "approved"),
+        "rejected": ("bad", "✕", "rejected"),
+    },
+    "effect": {
+        "applied": ("ok", "●", "applied"),
+        "partially_compensated": ("warn", "◐", "partly undone"),
+        "compensated": ("undo", "↩", "undone"),
+    },
+}
+
+
+@register.simple_tag
+def badge(kind: str, status: str) -> SafeString:
+    css, symbol, words = BADGES.get(kind, {}).get(status, ("idle", "•", status))
+    return format_html('<span class="badge st-{}" data-status="{}"><span aria-hidden="true">'
+                       "{}</span> {}</span>", css, status, symbol, words)
+
+
+@register.simple_tag
+def badge_css(kind: str, status: str) -> str:
+    return BADGES.get(kind, {}).get(status, ("idle", "", ""))[0]
+
+
+@register.simple_tag
+def when(value: datetime | None) -> SafeString | str:
+    """A time as ``<time>``: UTC in the markup; the page's script shows it in the reader's
+    locale and time zone, with a relative hint ("3 min ago")."""
+    if value is None:
+        return "—"
+    utc = value.astimezone(UTC)
+    return format_html('<time datetime="{}" data-when>{}</time>', utc.isoformat(),
+                       utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
+@register.simple_tag
+def took(start: datetime | None, end: datetime | None) -> str:
+    """How long from ``start`` to ``end`` ("340 ms", "2.4 s", "3 min 5 s"); "" if unfinished."""
+    if start is None or end is None:
+        return ""
+    seconds = max((end - start).total_seconds(), 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+@register.filter
+def pretty(value: Any) -> str:
+    """JSON, indented, for a ``<pre>`` (the template escapes it)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+
+
+@register.filter
+def compact(value: Any, limit: int = 90) -> str:
+    """JSON on one line, cut at ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+ZERO_DECIMAL = {"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "ugx",
+                "vnd", "vuv", "xaf", "xof", "xpf"}
+
+
+@register.simple_tag
+def money(amount: Any, currency: Any = "") -> str:
+    """An amount in the currency's smallest unit, as people read it: 25000 usd -> 250.00 USD."""
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        return "" if amount is None else str(amount)
+    code = str(currency or "").lower()
+    text = f"{amount:,}" if code in ZERO_DECIMAL else f"{amount / 100:,.2f}"
+    return f"{text} {code.upper()}".strip()
+
+
+@register.filter
+def short(code: Any) -> str:
+    """The first eight characters of a run id, as lists show it (search takes them too)."""
+    return str(code)[:8]
+
+
+@register.filter
+def gate_state(payload: Any) -> dict[str, Any]:
+    """The state an approval gate saw (the core puts it under ``state``)."""
+    if isinstance(payload, dict) and isinstance(payload.get("state"), dict):
+        return payload["state"]
+    return payload if isinstance(payload, dict) else {}
+
+
+@register.filter
+def error_text(error: Any) -> str:
+    """An error the journal keeps (``{"type", "message", "traceback"}``) in one line."""
+    if not isinstance(error, dict):
+        return "" if error is None else str(error)
+    kind, message = error.get("type") or "", error.get("message") or ""
+    return f"{kind}: {message}" if kind and message else str(kind or message)

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from stateguard_web.dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.run_list, name="runs"),
+    path("runs/<uuid:code>/", views.run_detail, name="run"),
+    path("runs/<uuid:code>/approve", views.run_approve, name="approve"),
+    path("runs/<uuid:code>/reject", views.run_reject, name="reject"),
+    path("runs/<uuid:code>/retry", views.run_retry, name="retry"),
+    path("runs/<uuid:code>/compensate", views.run_compensate, name="compensate"),
+    path("runs/<uuid:code>/resolve", views.run_resolve, name="resolve"),
+    path("runs/<uuid:code>/compensations/<int:pk>/retry", views.compensation_retry,
+         name="retry_compensation"),
+    path("inbox/approvals/", views.inbox_approvals, name="inbox_approvals"),
+    path("inbox/attention/", views.inbox_attention, name="inbox_attention"),
+    path("inbox/counts", views.inbox_counts, name="inbox_counts"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+]

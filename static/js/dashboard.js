@@ -1,0 +1,361 @@
+/* StateGuard's dashboard: live pages, local times, confirmations. No build step, no library.
+ *
+ * Live: a page listens on a websocket (consumers.py) and, when events arrive, re-reads itself
+ * and swaps in the parts marked data-live-region: what a reload would show, nothing computed
+ * here. A page with data-live="list" listens to every run (ws/runs/); data-live="run" to its
+ * run (ws/runs/<code>/), and to every run only for the navigation's counts. After a dropped
+ * connection the page reconnects with backoff and re-reads itself, so nothing is missed. The
+ * only frame a page sends is a heartbeat ping: browsers do not expose websocket pings, and a
+ * connection that died silently (a sleeping laptop, a proxy) would otherwise look live.
+ */
+(function () {
+  "use strict";
+
+  // ---- times: <time data-when datetime="ISO"> in the reader's locale, with "3 min ago" ------
+  var sameDay = new Intl.DateTimeFormat(undefined, { timeStyle: "medium" });
+  var otherDay = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
+  var relFmt = new Intl.RelativeTimeFormat(undefined, { numeric: "auto", style: "short" });
+  var UNITS = [[60, "second"], [3600, "minute"], [86400, "hour"], [604800, "day"],
+               [2629800, "week"], [31557600, "month"], [Infinity, "year"]];
+
+  function relative(date) {
+    var seconds = (date.getTime() - Date.now()) / 1000;
+    var size = 1;
+    for (var i = 0; i < UNITS.length; i++) {
+      if (Math.abs(seconds) < UNITS[i][0]) {
+        return relFmt.format(Math.round(seconds / size), UNITS[i][1]);
+      }
+      size = UNITS[i][0];
+    }
+    return "";
+  }
+
+  function formatTimes(root) {
+    var today = new Date().toDateString();
+    root.querySelectorAll("time[data-when]").forEach(function (el) {
+      var date = new Date(el.getAttribute("datetime"));
+      if (isNaN(date.getTime())) return;
+      if (!el.dataset.formatted) {
+        var fmt = date.toDateString() === today ? sameDay : otherDay;
+        el.textContent = fmt.format(date);
+        el.title = date.toLocaleString(undefined, { dateStyle: "full", timeStyle: "long" });
+        var hint = document.createElement("span");
+        hint.className = "rel";
+        el.appendChild(hint);
+        el.dataset.formatted = "1";
+      }
+      var rel = el.querySelector(".rel");
+      if (rel) rel.textContent = " · " + relative(date);
+    });
+  }
+
+  // ---- announcements, for everyone (a message) and for screen readers (aria-live) --------------
+  function announce(text, kind) {
+    var live = document.getElementById("live-announce");
+    if (live) live.textContent = text;
+    var box = document.getElementById("messages");
+    if (!box || !kind) return;
+    var p = document.createElement("p");
+    p.className = "message message-" + kind;
+    p.textContent = text;  // text, never markup
+    box.appendChild(p);
+    while (box.children.length > 3) box.removeChild(box.firstElementChild);
+  }
+
+  // ---- confirmations: <button data-dialog="id"> opens <dialog id> as a modal ----------------
+  var openers = {};
+
+  function openDialog(dialog, opener) {
+    if (!dialog.showModal) return false;
+    var stale = dialog.querySelector("[data-stale]");
+    if (stale) stale.hidden = true;
+    if (opener && opener.dataset.dialog) openers[dialog.id] = opener.dataset.dialog;
+    dialog.showModal();
+    return true;
+  }
+
+  document.addEventListener("click", function (event) {
+    var opener = event.target.closest("[data-dialog]");
+    if (opener) {
+      var dialog = document.getElementById(opener.dataset.dialog);
+      if (dialog && openDialog(dialog, opener)) event.preventDefault();
+      return;
+    }
+    var closer = event.target.closest("[data-close]");
+    if (closer && closer.closest("dialog")) closer.closest("dialog").close();
+  });
+
+  document.addEventListener("close", function (event) {
+    var dialog = event.target;
+    if (!(dialog instanceof HTMLDialogElement)) return;
+    var back = openers[dialog.id] && document.querySelector('[data-dialog="' + openers[dialog.id] + '"]');
+    if (back) back.focus();
+    if (refreshWaiting) schedule(0);
+  }, true);
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form.closest("dialog")) return;
+    form.querySelectorAll("button[type=submit]").forEach(function (b) { b.disabled = true; });
+  });
+
+  // ---- live re-reads ------------------------------------------------------------------------
+  var timer = null, refreshing = false, again = false, refreshWaiting = false;
+  var toggled = {};  // details the reader opened or closed: kept as they are across re-reads
+
+  document.addEventListener("toggle", function (event) {
+    var el = event.target;
+    if (el.tagName === "DETAILS" && el.id && !el.dataset.swapping) toggled[el.id] = el.open;
+  }, true);
+
+  function schedule(delay) {
+    if (timer) return;
+    timer = setTimeout(function () { timer = null; refresh(); }, delay);
+  }
+
+  function dialogOpen() {
+    if (!document.querySelector("dialog[open]")) return false;
+    // Not under the reader's hands: swap once the dialog closes, and say the run moved on.
+    refreshWaiting = true;
+    document.querySelectorAll("dialog[open] [data-stale]").forEach(function (p) { p.hidden = false; });
+    return true;
+  }
+
+  // Each live region as the server last rendered it (before this script touched it), less
+  // the CSRF tokens that differ on every render: a re-read that changed nothing swaps nothing,
+  // and does not tell the reader of an open confirmation that the run moved on.
+  var rendered = {};
+
+  function normalized(el) {
+    return el.outerHTML.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
+  }
+
+  function remember(root) {
+    root.querySelectorAll("[data-live-region][id]").forEach(function (el) {
+      rendered[el.id] = normalized(el);
+    });
+  }
+
+  function changed(doc) {
+    return Array.prototype.some.call(document.querySelectorAll("[data-live-region][id]"), function (el) {
+      var fresh = doc.getElementById(el.id);
+      return fresh !== null && normalized(fresh) !== rendered[el.id];
+    });
+  }
+
+  function refresh() {
+    if (refreshing) { again = true; return; }
+    refreshWaiting = false;
+    refreshing = true;
+    fetch(location.href, { cache: "no-store", credentials: "same-origin",
+                           headers: { "X-Live-Refresh": "1" } })
+      .then(function (response) {
+        if (response.redirected && /\/login\//.test(new URL(response.url).pathname)) {
+          location.reload();  // the session ended: show the login page
+          return null;
+        }
+        return response.ok ? response.text() : null;
+      })
+      .then(function (html) {
+        if (!html) return;
+        var doc = new DOMParser().parseFromString(html, "text/html");
+        if (changed(doc) && !dialogOpen()) swap(doc);
+      })
+      .catch(function () { /* the socket's reconnect re-reads again */ })
+      .then(function () {
+        refreshing = false;
+        if (again) { again = false; schedule(100); }
+      });
+  }
+
+  function rows(root) {
+    var found = {};
+    root.querySelectorAll("tr[data-run]").forEach(function (tr) { found[tr.dataset.run] = tr.dataset.status; });
+    return found;
+  }
+
+  function swap(doc) {
+    var request = document.querySelector("[data-request]");
+    var hadRequest = request && request.dataset.request;
+    var oldStatus = document.querySelector("[data-run-status]");
+    oldStatus = oldStatus && oldStatus.dataset.runStatus;
+    var before = rows(document);
+    var active = document.activeElement;
+    var focusId = active && (active.id || (active.closest("details[id]") || {}).id);
+    remember(doc);
+    document.querySelectorAll("[data-live-region][id]").forEach(function (el) {
+      var fresh = doc.getElementById(el.id);
+      if (fresh) el.replaceWith(document.importNode(fresh, true));
+    });
+    Object.keys(toggled).forEach(function (id) {
+      var d = document.getElementById(id);
+      if (d && d.open !== toggled[id]) { d.dataset.swapping = "1"; d.open = toggled[id]; delete d.dataset.swapping; }
+    });
+    if (focusId && document.getElementById(focusId) && document.activeElement === document.body) {
+      var target = document.getElementById(focusId);
+      (target.tagName === "DETAILS" ? target.querySelector("summary") : target).focus();
+    }
+    document.title = doc.title;
+    formatTimes(document);
+    var after = document.querySelectorAll("tr[data-run]");
+    after.forEach(function (tr) {
+      if (!(tr.dataset.run in before)) tr.classList.add("row-new");
+      else if (before[tr.dataset.run] !== tr.dataset.status) tr.classList.add("row-changed");
+    });
+    if (hadRequest && !document.querySelector("[data-request]")) {
+      announce("A worker has taken up the request: " + hadRequest + ".", "success");
+    }
+    var status = document.querySelector("[data-run-status]");
+    if (oldStatus && status && status.dataset.runStatus !== oldStatus) {
+      announce("The run is now " + status.dataset.runStatus.replace("_", " ") + ".", null);
+    }
+  }
+
+  function refreshCounts() {
+    var nav = document.querySelector("[data-counts-url]");
+    if (!nav) return;
+    fetch(nav.dataset.countsUrl, { cache: "no-store", credentials: "same-origin" })
+      .then(function (r) { return r.ok ? r.json() : null; })
+      .then(function (counts) {
+        if (!counts) return;
+        document.querySelectorAll("[data-count]").forEach(function (el) {
+          var n = counts[el.dataset.count];
+          if (typeof n !== "number") return;
+          var label = el.childNodes[1];
+          if (label) label.textContent = String(n);
+          el.classList.toggle(el.dataset.count === "approvals" ? "count-wait" : "count-bad", n > 0);
+        });
+      })
+      .catch(function () {});
+  }
+  var countsTimer = null;
+  function scheduleCounts() {
+    if (countsTimer) return;
+    countsTimer = setTimeout(function () { countsTimer = null; refreshCounts(); }, 1000);
+  }
+
+  // ---- websockets with backoff and a heartbeat ------------------------------------------------
+  var sockets = [];
+
+  function setIndicator() {
+    var el = document.getElementById("live-indicator");
+    if (!el || !sockets.length) return;
+    var up = sockets.every(function (s) { return s.open; });
+    el.hidden = false;
+    el.dataset.state = up ? "on" : "off";
+    el.textContent = up ? "● Live" : "○ Reconnecting…";
+    el.title = up ? "This page updates by itself." : "The live connection dropped; reconnecting.";
+  }
+
+  function LiveSocket(path, onEvents, onOpen) {
+    this.path = path;
+    this.onEvents = onEvents;
+    this.onOpen = onOpen;
+    this.failures = 0;
+    this.opened = false;
+    this.open = false;
+    sockets.push(this);
+    this.connect();
+  }
+
+  LiveSocket.prototype.connect = function () {
+    var self = this;
+    clearTimeout(self.retryTimer);
+    var ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + self.path);
+    self.ws = ws;
+    ws.onopen = function () {
+      var reconnect = self.opened;
+      self.opened = self.open = true;
+      self.failures = 0;
+      setIndicator();
+      self.heartbeat();
+      if (reconnect) announce("Live updates are back.", null);
+      // Re-read on every open, the first too: what changed between the page's render and
+      // this moment was published before the socket listened.
+      self.onOpen();
+    };
+    ws.onmessage = function (message) {
+      var data;
+      try { data = JSON.parse(message.data); } catch (e) { return; }
+      if (data.type === "pong") { clearTimeout(self.pongTimer); return; }
+      if (data.type === "run.events" && Array.isArray(data.events)) self.onEvents(data.events);
+    };
+    ws.onclose = function () {
+      if (self.ws !== ws) return;
+      var was = self.open;
+      self.open = false;
+      clearTimeout(self.pingTimer);
+      clearTimeout(self.pongTimer);
+      setIndicator();
+      if (was) announce("The live connection dropped; reconnecting.", null);
+      // 0.5 s, 1 s, 2 s ... up to 30 s, with jitter so that a server's restart is not
+      // answered by every page at the same moment.
+      var delay = Math.min(30000, 500 * Math.pow(2, self.failures++)) * (0.75 + Math.random() / 2);
+      self.retryTimer = setTimeout(function () { self.connect(); }, delay);
+    };
+  };
+
+  LiveSocket.prototype.heartbeat = function () {
+    var self = this;
+    clearTimeout(self.pingTimer);
+    self.pingTimer = setTimeout(function () {
+      if (!self.open) return;
+      self.ws.send(JSON.stringify({ type: "ping" }));
+      self.pongTimer = setTimeout(function () { self.ws.close(); }, 10000);
+      self.heartbeat();
+    }, 25000);
+  };
+
+  LiveSocket.prototype.wake = function () {
+    if (this.open) return;
+    this.failures = 0;
+    this.connect();
+  };
+
+  function wakeAll() { sockets.forEach(function (s) { s.wake(); }); }
+  window.addEventListener("online", wakeAll);
+  document.addEventListener("visibilitychange", function () {
+    if (document.visibilityState === "visible") wakeAll();
+  });
+
+  // ---- the page ----------------------------------------------------------------------------
+  function init() {
+    var body = document.body;
+    remember(document);
+    formatTimes(document);
+    setInterval(function () { formatTimes(document); }, 30000);
+    document.querySelectorAll("input[data-timezone]").forEach(function (input) {
+      if (!input.value) input.value = Intl.DateTimeFormat().resolvedOptions().timeZone || "";
+    });
+    document.querySelectorAll("select[data-range]").forEach(function (select) {
+      select.addEventListener("change", function () {
+        document.querySelectorAll(".custom-range").forEach(function (el) {
+          if (select.value === "custom") el.removeAttribute("data-hidden");
+          else el.setAttribute("data-hidden", "");
+        });
+      });
+    });
+    var open = document.querySelector("dialog[open]");  // ?confirm=..., the no-script way
+    if (open && open.showModal) {
+      open.close();
+      openDialog(open, null);
+      // Re-reads of this page must not open it again once it is closed.
+      var params = new URLSearchParams(location.search);
+      params.delete("confirm");
+      history.replaceState(null, "", location.pathname + (params.toString() ? "?" + params : ""));
+    }
+
+    if (body.dataset.live === "list") {
+      new LiveSocket("/ws/runs/", function () { schedule(300); }, function () { schedule(0); });
+    } else if (body.dataset.live === "run" && body.dataset.run) {
+      new LiveSocket("/ws/runs/" + body.dataset.run + "/", function () { schedule(120); },
+                     function () { schedule(0); });
+      new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
+    } else if (document.querySelector("[data-counts-url]")) {
+      new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
+    }
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
+})();

@@ -1,0 +1,269 @@
+"""The dashboard end to end in headless Chromium (Playwright driving Debian's ``chromium``;
+``playwright install`` cannot download here): a real Daphne serving the ASGI app, a real Celery
+worker, localstripe, and the test driving only the browser (and submitting runs as a shop
+would).
+
+Screenshots of every page go to ``var/test-artifacts/dashboard/`` (``STATEGUARD_ARTIFACTS``
+names another folder); they are not committed, except the run page's in docs/img/.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stripe
+
+from stateguard_web.sagas import services
+from stateguard_web.sagas.models import Approval, Compensation, Run, Step
+from tests.web.api.test_end_to_end import Server, stack  # noqa: F401  (stack: a fixture)
+from tests.web.api.world import make_user
+from tests.web.conftest import ROOT, Workers, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+ARTIFACTS = Path(os.environ.get("STATEGUARD_ARTIFACTS") or ROOT / "var" / "test-artifacts") \
+    / "dashboard"
+# Debian's Chromium, told not to call out to the network (notes/stack-findings.md, section 6).
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run",
+                 "--disable-quic"]
+PASSWORD = "correct horse battery staple"
+WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    executable = shutil.which("chromium")
+    if executable is None:
+        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does)")
+    # Playwright's sync API runs an event loop in this thread: Django's ORM, used here to make
+    # users and submit runs, would take it for async code (notes/stack-findings.md, gotcha 7).
+    saved = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    try:
+        with sync_playwright() as playwright:
+            chromium = playwright.chromium.launch(executable_path=executable, headless=True,
+                                                  args=CHROMIUM_ARGS)
+            yield chromium
+            chromium.close()
+    finally:
+        if saved is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
+
+
+@pytest.fixture
+def people(transactional_db: None) -> dict[str, Any]:
+    return {"olivia": make_user("olivia", "operator", password=PASSWORD),
+            "shop": make_user("shop", "submitter")}
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def log_in(page: Any, url: str) -> None:
+    page.goto(url + "/")
+    page.wait_for_url("**/login/?next=/")
+    shot(page, "01-login")
+    page.fill("#id_username", "olivia")
+    page.fill("#id_password", PASSWORD)
+    page.click("form button[type=submit]")
+    page.wait_for_url(url + "/")
+
+
+def operator_page(browser: Any, server: Server, workers: Workers
+                  ) -> tuple[Any, Any, Callable[[], str]]:
+    """A browser context and page, logged in as olivia (an operator); and the servers' logs."""
+    context = browser.new_context(viewport=WIDE)
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    log_in(page, server.url)
+    return context, page, lambda: server.logs() + workers.logs()
+
+
+def live(page: Any) -> None:
+    """Wait until the page's websockets are open, and mark the page: a reload loses the mark."""
+    page.wait_for_selector('#live-indicator[data-state="on"]', timeout=10_000)
+    page.evaluate("window.__sgNoReload = true")
+
+
+def not_reloaded(page: Any) -> bool:
+    return bool(page.evaluate("window.__sgNoReload === true"))
+
+
+def run_status(page: Any, status: str, logs: Callable[[], str], timeout: float = 30) -> None:
+    """Wait until the page shows the run in ``status``; else fail with the servers' logs."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_selector(f'[data-run-status="{status}"]', timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        shown = page.locator("[data-run-status]").get_attribute("data-run-status")
+        pytest.fail(f"the page shows the run {shown}, not {status}\n{logs()[-8000:]}")
+
+
+def submit(agent: str, shop: Any, **data: Any) -> Run:
+    return services.run_submit(agent=agent, input=data, by=services.Actor(shop))
+
+
+def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browser: Any,  # noqa: F811
+                                         people: dict[str, Any], publisher: None,
+                                         stripe_client: stripe.StripeClient) -> None:
+    url, shop = stack.url, people["shop"]
+    context, page, logs = operator_page(browser, stack, workers)
+    live(page)
+
+    # A run submitted meanwhile appears in the open list, without a reload.
+    slow = submit("provision", shop, name="web-e2e", sleep_at="create_workspace",
+                  sleep_seconds=3)
+    page.wait_for_selector(f'#run-{slow.code}')
+    assert not_reloaded(page)
+    shot(page, "02-runs-list")
+
+    # Its detail page, opened while its first step runs: the others appear without a reload.
+    page.click(f'#run-{slow.code} a.run-link')
+    page.wait_for_url(f"**/runs/{slow.code}/")
+    live(page)
+    assert page.locator('[data-step][data-status="succeeded"]').count() < 4
+    page.wait_for_selector('[data-step][data-node="announce"][data-status="succeeded"]',
+                           timeout=30_000)
+    run_status(page, "succeeded", logs)
+    nodes = page.locator("[data-step]").evaluate_all("els => els.map(e => e.dataset.node)")
+    assert nodes == ["create_workspace", "write_config", "allocate_port", "announce"]
+    assert page.locator('.graph-node.st-ok').count() == 4
+    assert not_reloaded(page)
+    shot(page, "03-run-succeeded")
+
+    # A checkout over 100.00 waits for an approval, given from the page, and charges once.
+    # The worker is stopped first, so that the page shows the request waiting for one, then
+    # (live) that a worker took it up.
+    big = submit("checkout", shop, email="big@shop.test", amount=250_00)
+    page.goto(f"{url}/runs/{big.code}/")
+    live(page)
+    run_status(page, "paused", logs)
+    assert page.locator(".panel-wait .amount").inner_text() == "250.00 USD"
+    shot(page, "04-run-paused")
+    page.click("nav a[href='/inbox/approvals/']")
+    page.wait_for_selector(f"#run-{big.code}")
+    assert " ".join(page.locator("#nav-count-approvals").inner_text().split()) == ": 1 waiting"
+    shot(page, "05-inbox-approvals")
+    page.click(f"#run-{big.code} a.run-link")
+    for proc in list(workers.procs):
+        workers.kill(proc)
+    page.click("button[data-dialog^='confirm-approve-']")
+    dialog = page.locator("dialog[open]")
+    assert "250.00 USD" in dialog.inner_text() and "big@shop.test" in dialog.inner_text()
+    assert page.evaluate("document.activeElement.closest('dialog') !== null")  # focus inside
+    shot(page, "06-confirm-approve")
+    page.keyboard.press("Escape")  # a keyboard user can back out...
+    assert page.locator("dialog[open]").count() == 0
+    assert Approval.objects.get(run=big).status == Approval.Status.PENDING
+    page.click("button[data-dialog^='confirm-approve-']")  # ...and confirm
+    page.locator("dialog[open] button[type=submit]").click()
+    page.wait_for_selector('[data-request="approve by olivia"]')
+    live(page)
+    shot(page, "07-request-waiting")
+    workers.start("w2")
+    page.wait_for_selector(".message-success:has-text('A worker has taken up the request: "
+                           "approve by olivia.')", timeout=30_000)
+    run_status(page, "succeeded", logs)
+    assert page.locator('[data-step][data-status="succeeded"]').count() == 3
+    assert page.locator('[data-effect="charge"] .badge').inner_text().strip().endswith("applied")
+    charges = stripe_client.v1.charges.list().data
+    assert [c.amount for c in charges] == [250_00]
+    assert not_reloaded(page)
+
+    # A failing run shows its compensations, in the order they ran (newest step first).
+    failing = submit("provision", shop, name="web-fail", fail_at="allocate_port")
+    page.goto(f"{url}/runs/{failing.code}/")
+    run_status(page, "compensated", logs)
+    shown = page.locator("[data-compensation]").evaluate_all(
+        "els => els.map(e => e.dataset.compensation)")
+    ran = list(Compensation.objects.filter(run=failing).order_by("created_at", "pk")
+               .values_list("node", flat=True))
+    assert shown == ran == ["allocate_port", "write_config", "create_workspace"]
+    page.locator("[data-compensation] summary").first.click()
+    shot(page, "08-run-compensated")
+
+    # "Compensate now" unwinds a paused run; the dialog says what will run first.
+    paused = submit("checkout", shop, email="hold@shop.test", amount=300_00)
+    page.goto(f"{url}/runs/{paused.code}/")
+    live(page)
+    run_status(page, "paused", logs)
+    page.click("button[data-dialog='confirm-compensate']")
+    text = page.locator("dialog[open]").inner_text()
+    assert "nothing is undone" in text and "its pending approval is not run" in text
+    shot(page, "09-confirm-compensate")
+    page.locator("dialog[open] button[type=submit]").click()
+    run_status(page, "compensated", logs)
+    assert [c.amount for c in stripe_client.v1.charges.list().data] == [250_00]  # no new one
+
+    # The inbox of runs that need attention, and the pages at a phone's width.
+    stuck = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION,
+                               submitted_by=shop, input={"name": "web-stuck"})
+    step = Step.objects.create(run=stuck, step_id="s1", node="allocate_port",
+                               status=Step.Status.SUCCEEDED, started_at=stuck.created_at,
+                               finished_at=stuck.created_at, done_seq=1)
+    Compensation.objects.create(run=stuck, step=step, node="allocate_port",
+                                idempotency_key="k-stuck", status=Compensation.Status.FAILED)
+    page.goto(f"{url}/inbox/attention/")
+    page.wait_for_selector(f"#run-{stuck.code}")
+    shot(page, "10-inbox-attention")
+    page.goto(f"{url}/runs/{stuck.code}/")
+    page.click("button[data-dialog='confirm-resolve']")
+    shot(page, "11-confirm-resolve")
+
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    small.goto(url + "/")
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(small, "12-phone-runs-list")
+    small.goto(f"{url}/runs/{big.code}/")
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(small, "13-phone-run")
+    phone.close()
+    context.close()
+
+
+def test_it_shows_what_happened_while_the_websocket_was_cut(
+        stack: Server, workers: Workers, browser: Any,  # noqa: F811
+        people: dict[str, Any], publisher: None, tmp_path: Path) -> None:
+    url = stack.url
+    context, page, logs = operator_page(browser, stack, workers)
+    run = submit("checkout", people["shop"], email="cut@shop.test", amount=120_00)
+    page.goto(f"{url}/runs/{run.code}/")
+    live(page)
+    run_status(page, "paused", logs)
+    assert page.locator('[data-step][data-node="book_order"]').count() == 0
+
+    stack.stop()  # the connection drops: the page says so and keeps trying
+    page.wait_for_selector('#live-indicator[data-state="off"]')
+    shot(page, "14-reconnecting")
+    approval = Approval.objects.get(run=run)
+    services.run_approve(run=run, by=services.Actor(people["olivia"]),
+                         step_id=approval.step_id)
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == Run.Status.SUCCEEDED, 30,
+             "the worker to finish the run", workers.logs)
+    time.sleep(1)  # the steps' events were published to no one
+    back = Server(workers.env, tmp_path / "daphne-again.log", port=stack.port)
+    try:
+        back.wait_until_up()
+        run_status(page, "succeeded", logs, timeout=45)
+        page.wait_for_selector('[data-step][data-node="book_order"][data-status="succeeded"]')
+        page.wait_for_selector('#live-indicator[data-state="on"]')
+        assert not_reloaded(page)
+        shot(page, "15-reconnected")
+    finally:
+        back.stop()
+        context.close()

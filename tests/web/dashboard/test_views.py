@@ -1,0 +1,391 @@
+"""The dashboard's pages and actions through Django's test client, per role."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import timedelta
+
+from django.test import Client
+from django.utils import timezone
+
+from stateguard_web.sagas.models import Approval, AuditEvent, Run
+from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
+
+ACTION_URL = re.compile(r'action="/runs/[0-9a-f-]+/(approve|reject|retry|compensate|resolve|'
+                        r'compensations/\d+/retry)"')
+
+
+def actions_on(html: str) -> list[str]:
+    """The action forms a page offers (the POST targets of its confirmations)."""
+    return sorted(set(ACTION_URL.findall(html)))
+
+
+class PageTests(DashboardWorld):
+    def test_it_sends_an_anonymous_visitor_to_the_login_page(self) -> None:
+        for path in ["/", self.url(self.paused), "/inbox/approvals/", "/inbox/attention/"]:
+            response = self.client_for(None).get(path)
+            assert response.status_code == 302, path
+            assert response["Location"].startswith("/login/?next=")
+
+    def test_it_logs_in_with_the_csrf_token_and_out_with_a_post(self) -> None:
+        client = self.client_for(None, csrf=True)
+        page = client.get("/login/")
+        assert page.status_code == 200
+        token = page.cookies["csrftoken"].value
+        refused = client.post("/login/", {"username": "charlie", "password": "pw-charlie"})
+        assert refused.status_code == 403  # no token
+        response = client.post("/login/", {"username": "charlie", "password": "pw-charlie",
+                                           "csrfmiddlewaretoken": token})
+        assert response.status_code == 302 and response["Location"] == "/"
+        home = client.get("/")
+        assert home.status_code == 200
+        assert 'class="username">charlie<' in home.content.decode()
+        assert 'class="role">operator<' in home.content.decode()
+        token = client.cookies["csrftoken"].value
+        assert client.post("/logout/").status_code == 403  # no token: still logged in
+        assert client.get("/").status_code == 200
+        assert client.post("/logout/", {"csrfmiddlewaretoken": token}).status_code == 302
+        assert client.get("/").status_code == 302
+
+    def test_it_refuses_a_wrong_password(self) -> None:
+        response = self.client_for(None).post("/login/", {"username": "charlie",
+                                                          "password": "nope"})
+        assert response.status_code == 200
+        assert "enter a correct username and password" in response.content.decode()
+
+    def test_it_shows_each_role_and_the_inbox_counts_in_the_navigation(self) -> None:
+        for who, role, approvals, attention in [("charlie", "operator", 1, 2),
+                                                ("vera", "viewer", 1, 2),
+                                                ("alice", "submitter", 1, 2),
+                                                ("bob", "submitter", 0, 0)]:
+            html = self.client_for(who).get("/").content.decode()
+            assert f'class="role">{role}<' in html, who
+            counts = dict(re.findall(r'data-count="(\w+)">.*?</span>(\d+)<', html))
+            assert counts == {"approvals": str(approvals), "attention": str(attention)}, who
+
+    def test_it_refuses_a_user_without_a_role(self) -> None:
+        response = self.client_for("nobody").get("/")
+        assert response.status_code == 403
+        assert "nobody may not view runs" in response.content.decode()
+
+    def test_it_lists_the_runs_each_role_may_see_newest_first(self) -> None:
+        everyone = [self.bobs, self.scripted, self.stuck, self.failed, self.paused]
+        for who, runs in [("charlie", everyone), ("vera", everyone),
+                          ("alice", everyone[1:]), ("bob", [self.bobs])]:
+            html = self.client_for(who).get("/").content.decode()
+            listed = re.findall(r'<tr id="run-([0-9a-f-]+)"', html)
+            assert listed == [str(r.code) for r in runs], who
+
+    def test_it_counts_each_status_under_the_other_filters(self) -> None:
+        html = self.client_for("vera").get("/", {"agent": "provision",
+                                                 "status": "failed"}).content.decode()
+        chips = dict(re.findall(r'data-chip="(\w*)">[^<]*<span class="chip-count">(\d+)<',
+                                html))
+        assert chips[""] == "3" and chips["failed"] == "1" and chips["succeeded"] == "1"
+        assert chips["needs_attention"] == "1" and chips["paused"] == "0"
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', html) == [str(self.failed.code)]
+        assert 'aria-current="true" data-chip="failed"' in html
+
+    def test_it_searches_by_run_id_or_input_text(self) -> None:
+        client = self.client_for("vera")
+        by_code = client.get("/", {"q": str(self.stuck.code)[:8]}).content.decode()
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', by_code) == [str(self.stuck.code)]
+        by_text = client.get("/", {"q": "web-2"}).content.decode()
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', by_text) == [str(self.failed.code)]
+        none = client.get("/", {"q": "no-such-thing"}).content.decode()
+        assert "No run matches these filters." in none
+
+    def test_it_filters_by_time_range(self) -> None:
+        Run.objects.filter(pk=self.failed.pk).update(
+            created_at=timezone.now() - timedelta(days=3))
+        client = self.client_for("vera")
+        recent = client.get("/", {"range": "24h"}).content.decode()
+        assert str(self.failed.code) not in recent and str(self.paused.code) in recent
+        assert str(self.failed.code) in client.get("/", {"range": "7d"}).content.decode()
+        day = (timezone.now() - timedelta(days=3)).date().isoformat()
+        custom = client.get("/", {"range": "custom", "after": day, "before": day,
+                                  "tz": "UTC"}).content.decode()
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', custom) == [str(self.failed.code)]
+
+    def test_it_shows_a_bad_filter_and_ignores_it(self) -> None:
+        response = self.client_for("vera").get("/", {"status": "bogus", "after": "yesterday",
+                                                     "range": "custom"})
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "(ignored)" in html and len(re.findall(r'<tr id="run-', html)) == 5
+
+    def test_it_pages_the_list(self) -> None:
+        Run.objects.bulk_create([Run(agent="provision", input={"name": f"n-{i}"},
+                                     submitted_by=self.bob) for i in range(52)])
+        client = self.client_for("bob")
+        first = client.get("/").content.decode()
+        assert len(re.findall(r'<tr id="run-', first)) == 50
+        assert "53 runs · page 1 of 2" in first and 'rel="next" href="?page=2"' in first
+        second = client.get("/", {"page": 2}).content.decode()
+        assert len(re.findall(r'<tr id="run-', second)) == 3 and 'rel="prev"' in second
+        assert str(self.bobs.code) in second
+        past_the_end = client.get("/", {"page": 9}).content.decode()
+        assert "page 2 of 2" in past_the_end
+
+    def test_it_escapes_agent_input_everywhere(self) -> None:
+        for path in ["/", self.url(self.scripted)]:
+            html = self.client_for("charlie").get(path).content.decode()
+            assert SCRIPT not in html, path
+            assert "&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;" in html, path
+
+    def test_it_shows_a_run_to_whoever_may_see_it_and_no_one_else(self) -> None:
+        assert self.client_for("alice").get(self.url(self.paused)).status_code == 200
+        assert self.client_for("vera").get(self.url(self.paused)).status_code == 200
+        assert self.client_for("bob").get(self.url(self.paused)).status_code == 404
+        unknown = f"/runs/{uuid.uuid4()}/"
+        assert self.client_for("charlie").get(unknown).status_code == 404
+
+    def test_it_shows_a_failed_run_with_its_steps_error_and_traceback(self) -> None:
+        html = self.client_for("vera").get(self.url(self.failed)).content.decode()
+        assert 'data-node="create_workspace" data-status="succeeded"' in html
+        assert 'data-node="write_config" data-status="failed"' in html
+        assert "ProvisioningFailed: disk full" in html
+        assert "Traceback (most recent call last):\n  boom" in html
+        assert "Why it stopped" in html
+
+    def test_it_shows_compensations_in_order_with_attempts_and_keys(self) -> None:
+        html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+        order = re.findall(r'data-compensation="(\w+)" data-status="(\w+)"', html)
+        assert order == [("allocate_port", "failed"), ("write_config", "succeeded")]
+        assert "k-port" in html and "k-config" in html
+        assert "OSError: registry locked" in html and "Traceback: registry locked" in html
+
+    def test_it_shows_an_invariant_violation_with_the_state_that_broke_it(self) -> None:
+        run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
+                                 input={"name": "web-9"}, submitted_by=self.alice)
+        from tests.web.dashboard.world import step
+
+        step(run, "allocate_port", 1, "violated", state_after={"name": "web-9", "port": 99},
+             error={"type": "InvariantViolation", "traceback": "",
+                    "message": "invariant 'port_in_range' violated after 'allocate_port': "
+                               "An allocated port lies in the sandbox's range."})
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert "Invariant violated: <code>port_in_range</code>" in html
+        assert "An allocated port lies in the sandbox&#x27;s range." in html
+        assert "After <strong>allocate_port</strong>" in html
+        assert "&quot;port&quot;: 99" in html
+
+    def test_it_draws_the_agents_graph_with_each_steps_status(self) -> None:
+        html = self.client_for("vera").get(self.url(self.paused)).content.decode()
+        svg = html[html.index("<svg"):html.index("</svg>")]
+        assert re.search(r'class="graph-node st-ok" data-node="create_customer">', svg)
+        assert re.search(r'class="graph-node st-wait graph-current" data-node="charge_user">',
+                         svg)
+        assert "▶ awaiting approval" in svg
+        assert re.search(r'class="graph-node st-idle" data-node="book_order">', svg)
+        stuck = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+        assert 'st-bad" data-node="allocate_port"' in stuck  # its undo failed
+        assert 'st-undo" data-node="write_config"' in stuck
+
+    def test_it_shows_effects_when_the_run_has_some(self) -> None:
+        from stateguard_web.sagas.models import Effect
+
+        html = self.client_for("vera").get(self.url(self.paused)).content.decode()
+        assert "Effects" not in html
+        Effect.objects.create(run=self.paused, step_id="t-charge", node="charge_user",
+                              provider="stripe", kind="charge", external_id="pi_123",
+                              amount=25000, currency="usd", recorded_at=timezone.now())
+        html = self.client_for("vera").get(self.url(self.paused)).content.decode()
+        assert "pi_123" in html and "250.00 USD" in html and 'data-effect="charge"' in html
+
+    def test_it_shows_the_audit_trail(self) -> None:
+        html = self.client_for("vera").get(self.url(self.scripted)).content.decode()
+        assert "<code>run.submitted</code>" in html and "<td>alice</td>" in html
+
+
+class ButtonTests(DashboardWorld):
+    EXPECTED = {  # the actions an operator is offered, by run
+        "paused": ["approve", "compensate", "reject"],
+        "failed": ["compensate", "retry"],
+        "stuck": ["compensate", "compensations/{comp}/retry", "resolve"],
+        "scripted": ["compensate"],
+    }
+
+    def test_it_offers_an_operator_the_actions_the_run_accepts(self) -> None:
+        for name, expected in self.EXPECTED.items():
+            html = self.client_for("charlie").get(self.url(getattr(self, name))).content.decode()
+            wanted = [e.format(comp=self.compensation.pk) for e in expected]
+            assert actions_on(html) == sorted(wanted), name
+
+    def test_it_shows_no_action_to_a_viewer_or_a_submitter(self) -> None:
+        for who in ["vera", "alice"]:
+            for name in self.EXPECTED:
+                html = self.client_for(who).get(self.url(getattr(self, name))).content.decode()
+                assert actions_on(html) == [], (who, name)
+                assert "<dialog" not in html and "data-dialog" not in html, (who, name)
+
+    def test_it_offers_nothing_while_a_request_waits_for_a_worker(self) -> None:
+        Run.objects.filter(pk=self.failed.pk).update(
+            request={"id": "r1", "action": "retry", "by": "dora"}, requested_at=timezone.now())
+        html = self.client_for("charlie").get(self.url(self.failed)).content.decode()
+        assert actions_on(html) == []
+        assert 'data-request="retry by dora"' in html
+        listed = self.client_for("charlie").get("/").content.decode()
+        assert "waiting for a worker: retry by dora" in listed
+
+    def test_it_says_what_approving_charges_and_what_compensating_undoes_in_order(self) -> None:
+        html = self.client_for("charlie").get(self.url(self.paused)).content.decode()
+        approve = html[html.index('id="confirm-approve-'):]
+        approve = approve[:approve.index("</dialog>")]
+        assert "it charges <strong class=\"amount\">250.00 USD</strong>" in approve
+        assert f'name="approval" value="{self.approval.pk}"' in approve
+        stuck = self.client_for("charlie").get(self.url(self.stuck)).content.decode()
+        compensate = stuck[stuck.index('id="confirm-compensate"'):]
+        compensate = compensate[:compensate.index("</dialog>")]
+        # Newest step first; write_config's undo already succeeded, so it is not run again.
+        planned = re.findall(r"<li>undo <strong>(\w+)</strong>", compensate)
+        assert planned == ["allocate_port", "create_workspace"]
+        resolve = stuck[stuck.index('id="confirm-resolve"'):]
+        assert "not the ones left failed: <strong>allocate_port</strong>" in resolve
+
+    def test_it_opens_a_confirmation_without_script_from_the_buttons_get(self) -> None:
+        html = self.client_for("charlie").get(self.url(self.failed),
+                                              {"confirm": "retry"}).content.decode()
+        assert re.search(r'<dialog id="confirm-retry" [^>]*open>', html)
+        assert "<strong>write_config</strong> runs again (attempt 2)" in html
+
+
+class ActionTests(DashboardWorld):
+    def post(self, who: str, run: Run, action: str, data: dict[str, object] | None = None,
+             ) -> object:
+        return self.client_for(who).post(self.url(run, action), data or {})
+
+    def cases(self) -> list[tuple[Run, str, dict[str, object]]]:
+        return [(self.paused, "approve", {"approval": self.approval.pk}),
+                (self.paused, "reject", {"approval": self.approval.pk, "reason": "no"}),
+                (self.failed, "retry", {}),
+                (self.failed, "compensate", {"reason": "customer asked"}),
+                (self.stuck, "resolve", {"note": "refunded by hand"}),
+                (self.stuck, f"compensations/{self.compensation.pk}/retry", {})]
+
+    def test_it_refuses_every_action_to_a_viewer_or_a_submitter_and_changes_nothing(self) -> None:
+        for who in ["vera", "alice", "bob"]:
+            for run, action, data in self.cases():
+                before = journal_state()
+                response = self.post(who, run, action, data)
+                assert response.status_code == 403, (who, action)  # type: ignore[attr-defined]
+                assert journal_state() == before, (who, action)
+
+    def test_it_refuses_every_action_without_the_csrf_token(self) -> None:
+        for run, action, data in self.cases():
+            before = journal_state()
+            client = self.client_for("charlie", csrf=True)
+            assert client.post(self.url(run, action), data).status_code == 403, action
+            assert journal_state() == before, action
+
+    def test_it_refuses_a_get_on_an_action(self) -> None:
+        response = self.client_for("charlie").get(self.url(self.failed, "retry"))
+        assert response.status_code == 405
+
+    def test_it_carries_out_each_action_for_an_operator_with_one_audit_event(self) -> None:
+        expected = {"approve": ("approve", "run.approved"), "reject": ("reject", "run.rejected"),
+                    "retry": ("retry", "run.retry_requested"),
+                    "compensate": ("compensate", "run.compensate_requested"),
+                    "resolve": (None, "run.resolved_by_hand"),
+                    "retry_compensation": ("retry_compensation",
+                                           "compensation.retry_requested")}
+        for run, action, data in self.cases():
+            name = "retry_compensation" if action.startswith("compensations/") else action
+            with self.subTest(action=name):
+                sid = self.savepoint()
+                audit = AuditEvent.objects.count()
+                client = self.client_for("charlie", csrf=True)
+                client.get(self.url(run))
+                response = client.post(self.url(run, action), {
+                    **data, "csrfmiddlewaretoken": client.cookies["csrftoken"].value},
+                    follow=True)
+                assert response.redirect_chain == [(self.url(run), 302)]
+                html = response.content.decode()
+                assert "message-success" in html, html[:3000]
+                run.refresh_from_db()
+                request, audited = expected[name]
+                assert (run.request or {}).get("action") == request
+                assert AuditEvent.objects.count() == audit + 1
+                event = AuditEvent.objects.latest("pk")
+                assert (event.actor, event.action) == ("charlie", audited)
+                if request:  # the page says a worker has yet to take it up
+                    assert f'data-request="{request} by charlie"' in html
+                self.rollback(sid)
+
+    def test_it_approves_the_very_approval_that_was_shown(self) -> None:
+        Approval.objects.filter(pk=self.approval.pk).update(
+            status=Approval.Status.APPROVED, decided_by="dora")
+        before = journal_state()
+        response = self.client_for("charlie").post(self.url(self.paused, "approve"),
+                                                   {"approval": self.approval.pk}, follow=True)
+        assert "The approval of charge_user is no longer pending: it was approved by dora." \
+            in response.content.decode()
+        assert journal_state() == before
+        other = Approval.objects.create(run=self.failed, step_id="x", node="announce",
+                                        requested_at=timezone.now())
+        response = self.client_for("charlie").post(self.url(self.paused, "approve"),
+                                                   {"approval": other.pk}, follow=True)
+        assert f"has no approval {other.pk}" in response.content.decode()
+
+    def test_it_shows_the_state_machines_refusal_and_changes_nothing(self) -> None:
+        before = journal_state()
+        response = self.client_for("charlie").post(self.url(self.paused, "retry"), follow=True)
+        html = response.content.decode()
+        assert f"run {self.paused.code} is paused; only a failed run is retried" in html
+        assert 'class="message message-error" role="alert"' in html
+        assert journal_state() == before
+
+    def test_it_wants_a_note_to_resolve_by_hand(self) -> None:
+        before = journal_state()
+        response = self.client_for("charlie").post(self.url(self.stuck, "resolve"),
+                                                   {"note": "  "}, follow=True)
+        assert "the note is required" in response.content.decode()
+        assert journal_state() == before
+
+    def test_it_hides_a_run_from_a_submitter_who_did_not_submit_it(self) -> None:
+        # bob is no operator (403 first), and an operator's unknown run is a 404.
+        response = self.client_for("charlie").post(f"/runs/{uuid.uuid4()}/retry")
+        assert response.status_code == 404
+
+    def savepoint(self) -> str:
+        from django.db import transaction
+
+        return str(transaction.savepoint())
+
+    def rollback(self, sid: str) -> None:
+        from django.db import transaction
+
+        transaction.savepoint_rollback(sid)
+
+
+class InboxTests(DashboardWorld):
+    def test_it_lists_the_approvals_waiting_oldest_first(self) -> None:
+        later = Run.objects.create(agent="checkout", status=Run.Status.PAUSED,
+                                   submitted_by=self.bob, input={"amount": 99999})
+        Approval.objects.create(run=later, step_id="s2", node="charge_user",
+                                requested_at=timezone.now() + timedelta(minutes=5),
+                                payload={"state": {"amount": 99999, "currency": "eur"}})
+        html = self.client_for("charlie").get("/inbox/approvals/").content.decode()
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', html) == [str(self.paused.code),
+                                                                  str(later.code)]
+        assert "250.00 USD" in html and "999.99 EUR" in html
+        bobs = self.client_for("bob").get("/inbox/approvals/").content.decode()
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', bobs) == [str(later.code)]
+
+    def test_it_lists_the_runs_that_need_attention_oldest_first(self) -> None:
+        Run.objects.filter(pk=self.stuck.pk).update(updated_at=timezone.now() - timedelta(1))
+        html = self.client_for("vera").get("/inbox/attention/").content.decode()
+        assert re.findall(r'<tr id="run-([0-9a-f-]+)"', html) == [str(self.stuck.code),
+                                                                  str(self.failed.code)]
+        assert "undo of <strong>allocate_port</strong>" in html
+        assert "ProvisioningFailed: disk full" in html
+        empty = self.client_for("bob").get("/inbox/attention/").content.decode()
+        assert "No run needs attention." in empty
+
+    def test_it_answers_the_counts_as_json(self) -> None:
+        assert self.client_for("vera").get("/inbox/counts").json() == {"approvals": 1,
+                                                                       "attention": 2}
+        assert self.client_for("bob").get("/inbox/counts").json() == {"approvals": 0,
+                                                                      "attention": 0}
+        assert Client().get("/inbox/counts").status_code == 302
