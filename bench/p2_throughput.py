@@ -44,7 +44,7 @@ def setup_database() -> None:
                          autocommit=True) as bench:
         bench.execute("TRUNCATE sagas_run, sagas_step, sagas_compensation,"
                       " sagas_compensationattempt, sagas_approval, sagas_auditevent, checkpoints,"
-                      " checkpoint_blobs, checkpoint_writes")
+                      " checkpoint_blobs, checkpoint_writes CASCADE")  # + refs to runs
 
 
 def guarded_round(n: int, cpu: dict[str, list[float]]) -> float:

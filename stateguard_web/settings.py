@@ -235,6 +235,42 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, STATEGUARD_API_MAX_BODY_BYTES)
 # Offer the benchmark agents (noop5: five steps that do nothing) for submission and execution.
 # Off for users; bench/ and the tests that measure the stack turn it on.
 STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)
+# Batches (sagas/batches.py): the most runs one batch may take; POST /api/batches refuses a
+# larger selection (422). A worker goes through about a hundred runs a second.
+STATEGUARD_BATCH_MAX_RUNS = env.int("STATEGUARD_BATCH_MAX_RUNS", default=1000)
+
+# Notifications (sagas/notifications.py): operators are told when a run waits for an approval or
+# needs attention, once per event, by e-mail and/or a webhook, from a task of their own.
+# E-mail goes to these addresses; "operators" stands for every active operator (and superuser)
+# with an e-mail address. On under DEBUG (`make run` prints them: the console backend below),
+# off in production unless set. Empty: no e-mail.
+STATEGUARD_NOTIFY_EMAIL = env.list("STATEGUARD_NOTIFY_EMAIL",
+                                   default=["operators"] if DEBUG else [])
+# A URL that gets each event as a JSON POST (empty: none); with a secret, the body is signed
+# (X-StateGuard-Signature: sha256=HMAC). A slow or failing receiver is given up on after the
+# timeout (seconds) and tried again with backoff (2, 4, 8, ... s), this many times.
+STATEGUARD_NOTIFY_WEBHOOK_URL = env.str("STATEGUARD_NOTIFY_WEBHOOK_URL", default="")
+if STATEGUARD_NOTIFY_WEBHOOK_URL and not STATEGUARD_NOTIFY_WEBHOOK_URL.startswith(
+        ("http://", "https://")):
+    raise ImproperlyConfigured("STATEGUARD_NOTIFY_WEBHOOK_URL must be an http:// or https:// URL")
+STATEGUARD_NOTIFY_WEBHOOK_SECRET = env.str("STATEGUARD_NOTIFY_WEBHOOK_SECRET", default="")
+STATEGUARD_NOTIFY_WEBHOOK_TIMEOUT = env.float("STATEGUARD_NOTIFY_WEBHOOK_TIMEOUT", default=5.0)
+STATEGUARD_NOTIFY_RETRIES = env.int("STATEGUARD_NOTIFY_RETRIES", default=5)
+# Where operators reach this site: the links in notifications.
+STATEGUARD_SITE_URL = env.str("STATEGUARD_SITE_URL", default="http://127.0.0.1:8000")
+# E-mail, as one URL (django-environ): smtp+tls://USER:PASSWORD@HOST:587, smtp+ssl://...:465.
+# The default under DEBUG prints each message to the console (the worker's output).
+_email = env.email_url("EMAIL_URL",
+                       default="consolemail://" if DEBUG else "smtp://localhost:25")
+EMAIL_BACKEND = _email["EMAIL_BACKEND"]
+EMAIL_HOST = _email["EMAIL_HOST"] or "localhost"
+EMAIL_PORT = _email["EMAIL_PORT"] or 25
+EMAIL_HOST_USER = _email["EMAIL_HOST_USER"] or ""
+EMAIL_HOST_PASSWORD = _email["EMAIL_HOST_PASSWORD"] or ""
+EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = _email.get("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)  # seconds; Django's default waits forever
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="StateGuard <stateguard@localhost>")
 
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {

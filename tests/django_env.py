@@ -34,3 +34,8 @@ os.environ["STATEGUARD_ENV_FILE"] = ""
 # is accepted and the HTTPS-only defaults stay off for the test client and the workers.
 # pytest-django still runs each test with settings.DEBUG = False, as Django's runner does.
 os.environ["DEBUG"] = "true"
+
+# No notifications unless a test asks for them (tests/web/test_notifications.py): under DEBUG they
+# would e-mail the operators of every run that pauses, in this process and in the workers.
+os.environ["STATEGUARD_NOTIFY_EMAIL"] = ""
+os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)

@@ -12,6 +12,7 @@
  413   ``body_too_large``      the body exceeds ``STATEGUARD_API_MAX_BODY_BYTES``
  422   ``invalid``             a field is wrong; ``errors`` names each one
  422   ``idempotency_conflict`` the idempotency key was used for another submission
+ 422   ``invalid``             a batch's selection: empty, too large, unknown runs
  500   ``internal_error``      a bug: logged with its traceback, never shown
 =====  ======================  ====================================================
 
@@ -35,7 +36,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
 from stateguard_web.api.auth import CsrfFailed
-from stateguard_web.sagas import selectors, services
+from stateguard_web.sagas import batches, selectors, services
 
 logger = logging.getLogger("stateguard_web.api")
 
@@ -163,6 +164,11 @@ def install(api: NinjaAPI) -> None:
     def submission(request: HttpRequest, exc: services.SubmissionError) -> HttpResponse:
         # The service names fields inside the input (the agent's schema).
         errors = [{"loc": ["body", "input", *e["loc"]], "msg": e["msg"]} for e in exc.errors]
+        return _error(api, request, 422, "invalid", str(exc), errors)
+
+    @on(batches.BatchRefused)
+    def batch_refused(request: HttpRequest, exc: batches.BatchRefused) -> HttpResponse:
+        errors = [{"loc": ["body", *e["loc"]], "msg": e["msg"]} for e in exc.errors]
         return _error(api, request, 422, "invalid", str(exc), errors)
 
     @on(services.IdempotencyConflict)

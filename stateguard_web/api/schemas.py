@@ -9,11 +9,19 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from ninja import Field, Schema
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    ConfigDict,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from stateguard.effects import EffectStatus
 from stateguard.records import ApprovalStatus, CompensationStatus, RunStatus, StepStatus
 from stateguard_web.sagas import runtime
+from stateguard_web.sagas.models import Batch, BatchItem
 
 MAX_TEXT = 2000  # reasons and notes (services refuse longer ones too)
 MAX_ID = 2**63 - 1  # the database's bigint: a larger id cannot exist
@@ -132,13 +140,18 @@ def _utc(value: datetime | None) -> datetime | None:
 Time = Annotated[datetime, BeforeValidator(_not_a_number), AfterValidator(_utc)]
 
 
-class RunFilter(Schema):
+class RunFilters(Schema):
+    """The runs list's filters: GET /api/runs's query, a batch's filter."""
+
     status: RunStatus | None = None
     agent: AgentName | None = None
     q: Search | None = Field(None, description="the start of a run id, or text in the "
                                                   "input (case-insensitive)")
     created_after: Time | None = Field(None, description="ISO 8601; UTC if no offset")
     created_before: Time | None = None
+
+
+class RunFilter(RunFilters):
     limit: int = Field(50, ge=1, le=200)
     offset: int = Field(0, ge=0, le=2**31 - 1)
 
@@ -262,3 +275,69 @@ class AgentOut(Schema):
     compensated: list[str] = Field(description="the nodes that have a compensation")
     approvals: list[str] = Field(description="the nodes gated by an operator's approval")
     input_schema: dict[str, Any] = Field(description="the JSON schema of the input")
+
+
+class BatchFilterIn(RunFilters):
+    """GET /api/runs's filters, without paging: the runs they match when the batch is made."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class BatchIn(In):
+    action: Batch.Action = Field(description="retry (failed runs), compensate, or "
+                                             "retry_compensations (the failed compensations "
+                                             "of runs that need attention)")
+    runs: list[uuid.UUID] | None = Field(
+        None, min_length=1, max_length=10_000,
+        description="the runs, by code, in the order to act on them (or filter)")
+    filter: BatchFilterIn | None = Field(
+        None, description="or every run that matches these filters now; {} for every run")
+    reason: Reason = Field("", description="passed to each compensation request")
+    dry_run: bool = Field(False, description="only say how many runs of which statuses the "
+                                             "batch would touch (200); store nothing")
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> BatchIn:
+        if (self.runs is None) == (self.filter is None):
+            raise ValueError("give runs or filter (one of the two)")
+        return self
+
+
+class BatchCountsOut(Schema):
+    pending: int
+    done: int
+    skipped: int
+    failed: int
+    total: int
+
+
+class BatchItemOut(Schema):
+    run: uuid.UUID
+    status_before: RunStatus = Field(description="the run's status when it was selected")
+    outcome: BatchItem.Outcome
+    reason: str = Field(description="why it was skipped or failed")
+    finished_at: datetime | None
+
+
+class BatchOut(Schema):
+    code: uuid.UUID
+    action: Batch.Action
+    status: Batch.Status
+    created_by: str
+    created_at: datetime
+    finished_at: datetime | None
+    reason: str
+    selection: dict[str, Any] = Field(description='{"runs": [...]} or {"filter": {...}}, as '
+                                                  "asked")
+    cancel_requested_at: datetime | None
+    cancelled_by: str | None
+    counts: BatchCountsOut
+    items: list[BatchItemOut]
+
+
+class BatchPreviewOut(Schema):
+    action: Batch.Action
+    count: int = Field(description="the runs selected")
+    eligible: int = Field(description="those the action fits now (the others would be "
+                                      "skipped, unless they change meanwhile)")
+    statuses: dict[str, int] = Field(description="how many runs of each status")

@@ -29,6 +29,16 @@ def run_group(code: str) -> str:
     return f"run.{code}"
 
 
+def batch_group(code: object) -> str:
+    """A batch's progress (``publish_batch``), for its page."""
+    return f"batch.{code}"
+
+
+def _message_type(group: str) -> str:
+    """What a consumer's handler is called for a group's messages (``run_events``...)."""
+    return "batch.events" if group.startswith("batch.") else "run.events"
+
+
 class _Publisher:
     """Sends from one event loop in a daemon thread; events that arrive while a send is in
     flight are batched into one message per group (a five-step run emits about a dozen)."""
@@ -64,7 +74,8 @@ class _Publisher:
     async def _send(self, batch: dict[str, list[dict[str, Any]]]) -> None:
         assert self.layer is not None
         for group in await self._listened(list(batch)):
-            await self.layer.group_send(group, {"type": "run.events", "events": batch[group]})
+            await self.layer.group_send(group, {"type": _message_type(group),
+                                                "events": batch[group]})
 
     async def _listened(self, groups: list[str]) -> list[str]:
         """The groups someone listens to. Most runs have no open page: asking Redis once per
@@ -137,3 +148,15 @@ def _safe_send(groups: tuple[str, ...], payload: dict[str, Any]) -> None:
         _get().send(groups, payload)
     except Exception:
         logger.exception("could not publish a live update")
+
+
+def publish_batch(code: object, type: str, **data: Any) -> None:
+    """A batch's progress (``sagas.batches``) to its group, once the surrounding transaction
+    commits: ``{"type": "batch.events", "events": [{"type": "batch.progress", "batch": code,
+    "data": {...}, "at": ...}, ...]}``, oldest first, batched like the runs' events."""
+    payload = {"type": type, "batch": str(code), "data": data, "at": time.time()}
+    groups = (batch_group(code),)
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: _safe_send(groups, payload))
+    else:
+        _safe_send(groups, payload)

@@ -300,3 +300,156 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         raise ValueError("audit events are append-only")
+
+
+class BatchAction(models.TextChoices):
+    RETRY = "retry"
+    COMPENSATE = "compensate"
+    RETRY_COMPENSATIONS = "retry_compensations", "Retry failed compensations"
+
+
+class BatchStatus(models.TextChoices):
+    RUNNING = "running"  # items wait for the worker
+    DONE = "done"  # every item was carried out, skipped or failed
+    CANCELLED = "cancelled"  # cancelled: the items left were skipped
+
+
+class BatchItemOutcome(models.TextChoices):
+    PENDING = "pending"
+    DONE = "done"  # the action was requested (and audited) for the run
+    SKIPPED = "skipped"  # the run did not allow it (``reason`` says why)
+    FAILED = "failed"  # an unexpected error (``reason``); the batch went on
+
+
+class NotificationEvent(models.TextChoices):
+    AWAITING_APPROVAL = "awaiting_approval"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+class NotificationStatus(models.TextChoices):
+    PENDING = "pending"
+    SENT = "sent"  # to every channel configured when it was sent
+    FAILED = "failed"  # gave up after the last retry (``error`` says why)
+    SKIPPED = "skipped"  # the run no longer waited when its turn came
+
+class Batch(models.Model):
+    """An operator's action over many runs at once (retry them, compensate them, or retry
+    their failed compensations), carried out by a worker one run at a time through the same
+    services as a single action: each run is checked, acted on and audited on its own, and a
+    run that moved on since it was selected is skipped, with the reason in its item.
+
+    The selection is frozen when the batch is made: explicit runs, or the runs a filter (the
+    list's: ``selectors.run_list``) matched then, one ``BatchItem`` each. ``selection`` keeps
+    what the operator asked for, to show it. See ``sagas/batches.py``."""
+
+    Action = BatchAction
+    Status = BatchStatus
+
+    code = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    action = models.CharField(max_length=30, choices=Action.choices)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=150)  # the username, kept if the user goes
+    via = models.CharField(max_length=200, blank=True, default="")  # "key sg_1a2b3c4d"
+    reason = models.TextField(blank=True, default="")  # passed to each compensation request
+    selection = models.JSONField(default=dict)  # {"runs": [code, ...]} or {"filter": {...}}
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=150, blank=True, default="")
+    # The worker going through the items holds a lease on the batch, renewed after each item;
+    # the sweeper hands a batch whose lease expired (its worker died) to another worker. The
+    # lease is for liveness only: each item is carried out under its own row lock and only
+    # while pending, so two workers on one batch still do each item once.
+    lease_owner = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            _status_check("sagas_batch_status_valid", BatchStatus),
+            models.CheckConstraint(condition=Q(action__in=BatchAction.values),
+                                   name="sagas_batch_action_valid"),
+        ]
+        indexes = [
+            # the sweeper: batches not finished (few), by when their lease runs out
+            models.Index(fields=["lease_expires_at"], name="sagas_batch_unfinished",
+                         condition=Q(finished_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} batch {self.code} ({self.status})"
+
+
+class BatchItem(models.Model):
+    """One run of a batch, and what became of it."""
+
+    Outcome = BatchItemOutcome
+
+    # No index of its own: the (batch, position) unique constraint's index serves it.
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="items",
+                              db_index=False)
+    position = models.PositiveIntegerField()  # the order the worker goes in
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="+")
+    run_code = models.UUIDField()  # kept if the run is deleted
+    status_before = models.CharField(max_length=20)  # the run's status when it was selected
+    outcome = models.CharField(max_length=20, choices=Outcome.choices,
+                               default=Outcome.PENDING)
+    reason = models.TextField(blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["batch", "position"]
+        constraints = [
+            models.CheckConstraint(condition=Q(outcome__in=BatchItemOutcome.values),
+                                   name="sagas_batchitem_outcome_valid"),
+            # the worker's next pending item, in order; a batch's items in order
+            models.UniqueConstraint(fields=["batch", "position"],
+                                    name="sagas_batchitem_unique_position"),
+            # a run is acted on once per batch, however it was selected
+            models.UniqueConstraint(fields=["batch", "run_code"],
+                                    name="sagas_batchitem_unique_run"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_code} ({self.outcome})"
+
+
+class Notification(models.Model):
+    """Operators told that a run waits for them (an approval, or attention), by e-mail and/or
+    a webhook (``sagas/notifications.py``). One row per run and occurrence (``key``), made
+    by the unique constraint: a duplicate delivery of the task, or a worker that writes the
+    same status again (a redo after a crash), finds the row and sends nothing more."""
+
+    Event = NotificationEvent
+    Status = NotificationStatus
+
+    # No index of its own: the (run, key) unique constraint's index serves it.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="notifications",
+                            db_index=False)
+    # Which occurrence: "approval:<step id>" (the gate's own id), "needs_attention:<id of the
+    # operator's request whose unwind ended there, or 'auto'>".
+    key = models.CharField(max_length=250)
+    event = models.CharField(max_length=30, choices=Event.choices)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.PENDING)
+    email_sent_at = models.DateTimeField(null=True, blank=True)
+    webhook_sent_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["run", "created_at"]
+        constraints = [
+            _status_check("sagas_notification_status_valid", NotificationStatus),
+            models.CheckConstraint(condition=Q(event__in=NotificationEvent.values),
+                                   name="sagas_notification_event_valid"),
+            models.UniqueConstraint(fields=["run", "key"],
+                                    name="sagas_notification_unique_event"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event} {self.key} ({self.status})"

@@ -93,6 +93,10 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
         if parked:
             AuditEvent.objects.create(run=run, actor="worker", action="run.agent_unknown",
                                       data={"agent": run.agent, "message": message})
+            from stateguard_web.sagas import notifications  # it imports this module
+
+            notifications.run_status_changed(run_code=str(run.code),
+                                             status=Run.Status.NEEDS_ATTENTION)
             logger.error("run %s needs attention: %s", run.code, message)
         elif request:
             AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
@@ -241,8 +245,43 @@ def sweep_expired_leases() -> int:
     undone = _due(Run.objects.filter(pk__in=list(waiting)), now)
     for pk in undone:
         run_request.apply_async((pk, waiting[pk]["id"]), expires=expires)
+    from stateguard_web.sagas.batches import batch_stalled  # it imports this module
+
+    stalled = batch_stalled(now)  # batches whose worker died: another goes on with them
+    for pk in stalled:
+        batch_process.apply_async((pk,), expires=expires)
+    if stalled:
+        logger.info("sweep: %d batches handed to a worker again %s", len(stalled), stalled)
     if dead or lost or undone:  # log what it found, not that it looked
         logger.info("sweep: %d runs to recovery %s, %d lost runs queued again %s, %d operator "
                     "requests queued again %s", len(dead), dead, len(lost), lost, len(undone),
                     undone)
     return len(dead)
+
+
+@shared_task(acks_late=True, bind=True)
+def batch_process(self: Task, batch_pk: int) -> None:
+    """Go through a batch's runs one at a time (``sagas.batches``), for a slice of a few
+    seconds; then the batch goes to the back of the queue, so that a batch of a thousand runs
+    does not keep this worker from the requests it has just made. Each item is done once,
+    whatever hands the batch over again (``acks_late`` redelivery, the sweeper)."""
+    from stateguard_web.sagas import batches  # it imports this module
+
+    owner = f"{self.request.hostname or 'local'}:{self.request.id or uuid.uuid4().hex}"
+    if batches.batch_process(batch_pk=batch_pk, owner=owner):
+        batch_process.delay(batch_pk)
+
+
+@shared_task(acks_late=True, bind=True)
+def notification_send(self: Task, run_code: str, event: str, key: str) -> None:
+    """Tell the operators that a run waits for them (``sagas.notifications``): once per event,
+    each channel retried with backoff until it works or the retries run out."""
+    from stateguard_web.sagas import notifications  # it imports this module
+
+    retries = settings.STATEGUARD_NOTIFY_RETRIES
+    try:
+        notifications.notification_send(run_code=run_code, event=event, key=key,
+                                         final=self.request.retries >= retries)
+    except notifications.DeliveryFailed as exc:
+        raise self.retry(exc=exc, countdown=notifications.backoff(self.request.retries),
+                         max_retries=retries) from exc

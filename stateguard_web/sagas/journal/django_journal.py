@@ -97,6 +97,10 @@ _RELEASE = f"""
 UPDATE {_RUN} SET lease_owner = '', lease_expires_at = NULL WHERE code = %s AND lease_owner = %s"""
 
 
+# Statuses that tell operators a run waits for them (sagas/notifications.py).
+_NOTIFY = frozenset({RunStatus.PAUSED, RunStatus.NEEDS_ATTENTION})
+
+
 class LeaseLost(RunLocked):
     """This worker's lease on the run was taken over: it must not write anything more."""
 
@@ -264,6 +268,10 @@ class DjangoJournal:
         if release:
             self._fences.pop(run_id, None)
             self._released.add(run_id)
+        if status in _NOTIFY:  # a run that waits for an operator: rare, never once per step
+            from stateguard_web.sagas import notifications  # it reads the models: not at import
+
+            notifications.run_status_changed(run_code=run_id, status=status)
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         code = Run._meta.get_field("code").get_db_prep_value(uuid.UUID(run_id), connection)
