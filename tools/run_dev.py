@@ -4,8 +4,8 @@
    terminal gets the same local settings (DEBUG on),
 1. applies migrations (SQLite under var/ unless DATABASE_URL says otherwise),
 2. creates the superuser ``admin`` with a random password if there is no superuser yet, keeps
-   the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the login
-   line (again on later runs, while that password still works),
+   the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the
+   dashboard's URL and the login line (again on later runs, while that password still works),
 3. replaces itself with ``tools/supervise.py`` running ``Procfile.dev``: embedded Redis,
    localstripe, Daphne, a Celery worker and Celery beat. A process that dies is restarted (with
    a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = "Procfile.dev"
 PASSWORD_FILE = ROOT / "var" / "admin-password.txt"
+DASHBOARD_URL = "http://127.0.0.1:8000/"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
 # The embedded Redis (6390) is not checked: a stale one left by a killed run is adopted.
 PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)"}
@@ -56,15 +57,15 @@ def _ensure_admin() -> str:
         user.set_password(password)
         user.save()
         _write_private(PASSWORD_FILE, password)
-        return f"log in at {ADMIN_URL} as admin / {password}"
+        return f"log in as admin / {password}"
 
     saved = PASSWORD_FILE.read_text().strip() if PASSWORD_FILE.is_file() else ""
     admin = user_model.objects.filter(username="admin", is_superuser=True).first()
     if saved and admin is not None and admin.check_password(saved):
-        return f"log in at {ADMIN_URL} as admin / {saved}"
+        return f"log in as admin / {saved}"
     return (
-        f"log in at {ADMIN_URL} with your superuser "
-        f"(new password: .venv/bin/python manage.py changepassword <user>)"
+        "log in with your superuser "
+        "(new password: .venv/bin/python manage.py changepassword <user>)"
     )
 
 
@@ -99,7 +100,8 @@ def main() -> int:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"  # the supervisor reads their output through pipes
-    print(f"\n{login}\nCtrl-C stops every process.\n", flush=True)
+    print(f"\nthe dashboard: {DASHBOARD_URL} (the admin: {ADMIN_URL})\n{login}\n"
+          "Ctrl-C stops every process.\n", flush=True)
     # exec, not a child: the supervisor gets Ctrl-C/SIGTERM directly, and its exit status is
     # what make sees.
     argv = [sys.executable, str(ROOT / "tools" / "supervise.py"), "-f", PROCFILE, "-d", str(ROOT)]

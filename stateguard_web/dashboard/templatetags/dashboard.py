@@ -51,6 +51,7 @@ BADGES: dict[str, dict[str, tuple[str, str, str]]] = {
         "applied": ("ok", "●", "applied"),
         "partially_compensated": ("warn", "◐", "partly undone"),
         "compensated": ("undo", "↩", "undone"),
+        "undoes": ("undo", "↩", "undoes"),  # a refund: the ledger settles it "compensated"
     },
 }
 

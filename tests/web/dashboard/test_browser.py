@@ -196,6 +196,20 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     page.locator("[data-compensation] summary").first.click()
     shot(page, "08-run-compensated")
 
+    # A checkout whose booking fails is refunded: the ledger shows the charge undone. (This
+    # page is the README's picture: docs/img/run-detail.png.)
+    refunded = submit("checkout", shop, email="refund@shop.test", amount=42_00,
+                      fail_booking=True)
+    page.goto(f"{url}/runs/{refunded.code}/")
+    run_status(page, "compensated", logs)
+    page.wait_for_selector('[data-effect="refund"]')
+    assert page.locator('[data-effect="charge"] .badge').inner_text().strip().endswith("undone")
+    assert page.locator("[data-compensation]").evaluate_all(
+        "els => els.map(e => e.dataset.compensation + ' ' + e.dataset.status)") == [
+        "charge_user succeeded"]
+    page.locator("[data-compensation] summary").first.click()
+    shot(page, "09-run-refunded")
+
     # "Compensate now" unwinds a paused run; the dialog says what will run first.
     paused = submit("checkout", shop, email="hold@shop.test", amount=300_00)
     page.goto(f"{url}/runs/{paused.code}/")
@@ -204,10 +218,11 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     page.click("button[data-dialog='confirm-compensate']")
     text = page.locator("dialog[open]").inner_text()
     assert "nothing is undone" in text and "its pending approval is not run" in text
-    shot(page, "09-confirm-compensate")
+    shot(page, "10-confirm-compensate")
     page.locator("dialog[open] button[type=submit]").click()
     run_status(page, "compensated", logs)
-    assert [c.amount for c in stripe_client.v1.charges.list().data] == [250_00]  # no new one
+    assert sorted(c.amount for c in stripe_client.v1.charges.list().data) == [42_00, 250_00]
+    # (none of 300.00: the paused run was never charged)
 
     # The inbox of runs that need attention, and the pages at a phone's width.
     stuck = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION,
@@ -219,19 +234,19 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
                                 idempotency_key="k-stuck", status=Compensation.Status.FAILED)
     page.goto(f"{url}/inbox/attention/")
     page.wait_for_selector(f"#run-{stuck.code}")
-    shot(page, "10-inbox-attention")
+    shot(page, "11-inbox-attention")
     page.goto(f"{url}/runs/{stuck.code}/")
     page.click("button[data-dialog='confirm-resolve']")
-    shot(page, "11-confirm-resolve")
+    shot(page, "12-confirm-resolve")
 
     phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
     small = phone.new_page()
     small.goto(url + "/")
     assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-    shot(small, "12-phone-runs-list")
+    shot(small, "13-phone-runs-list")
     small.goto(f"{url}/runs/{big.code}/")
     assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-    shot(small, "13-phone-run")
+    shot(small, "14-phone-run")
     phone.close()
     context.close()
 
@@ -249,7 +264,7 @@ def test_it_shows_what_happened_while_the_websocket_was_cut(
 
     stack.stop()  # the connection drops: the page says so and keeps trying
     page.wait_for_selector('#live-indicator[data-state="off"]')
-    shot(page, "14-reconnecting")
+    shot(page, "15-reconnecting")
     approval = Approval.objects.get(run=run)
     services.run_approve(run=run, by=services.Actor(people["olivia"]),
                          step_id=approval.step_id)
@@ -263,7 +278,7 @@ def test_it_shows_what_happened_while_the_websocket_was_cut(
         page.wait_for_selector('[data-step][data-node="book_order"][data-status="succeeded"]')
         page.wait_for_selector('#live-indicator[data-state="on"]')
         assert not_reloaded(page)
-        shot(page, "15-reconnected")
+        shot(page, "16-reconnected")
     finally:
         back.stop()
         context.close()
