@@ -341,3 +341,5 @@ class BatchPreviewOut(Schema):
     eligible: int = Field(description="those the action fits now (the others would be "
                                       "skipped, unless they change meanwhile)")
     statuses: dict[str, int] = Field(description="how many runs of each status")
+    runs: list[uuid.UUID] = Field(description="the runs, in order: POST them as runs to act "
+                                              "on exactly these")

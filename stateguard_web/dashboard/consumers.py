@@ -1,5 +1,5 @@
-"""Websockets that keep the dashboard's pages live: ``ws/runs/`` (every run the user may see)
-and ``ws/runs/<code>/`` (one run).
+"""Websockets that keep the dashboard's pages live: ``ws/runs/`` (every run the user may see),
+``ws/runs/<code>/`` (one run) and ``ws/batches/<code>/`` (one batch's progress).
 
 They forward what ``sagas.events`` publishes to the groups ``runs`` and ``run.<code>``: batches
 ``{"type": "run.events", "events": [payload, ...]}``, oldest first. Access is checked once, in
@@ -25,8 +25,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.sagas.events import ALL_RUNS_GROUP, run_group
-from stateguard_web.sagas.models import Run
+from stateguard_web.sagas.events import ALL_RUNS_GROUP, batch_group, run_group
+from stateguard_web.sagas.models import Batch, Run
 
 MAX_FRAME = 1024
 CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 1003, 1009
@@ -91,6 +91,23 @@ class RunConsumer(_LiveConsumer):
     def _may_view(self, code: str) -> bool:
         run = Run.objects.filter(code=code).first()
         return run is not None and access.may(self.scope.get("user"), Ability.VIEW, run)
+
+
+class BatchConsumer(_LiveConsumer):
+    """One batch's progress (``sagas.batches``), for its page: for whoever may see every run
+    (a batch is about everyone's runs)."""
+
+    async def authorize(self) -> str | None:
+        code = str(self.scope["url_route"]["kwargs"]["code"])
+        return batch_group(code) if await self._may_view(code) else None
+
+    @database_sync_to_async  # type: ignore[misc]
+    def _may_view(self, code: str) -> bool:
+        return (access.reads_all_runs(self.scope.get("user"))
+                and Batch.objects.filter(code=code).exists())
+
+    async def batch_events(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "batch.events", "events": event["events"]})
 
 
 class RunsConsumer(_LiveConsumer):

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from stateguard_web.dashboard import views
+from stateguard_web.dashboard import batches, views
 
 app_name = "dashboard"
 
@@ -17,6 +17,10 @@ urlpatterns = [
     path("runs/<uuid:code>/resolve", views.run_resolve, name="resolve"),
     path("runs/<uuid:code>/compensations/<int:pk>/retry", views.compensation_retry,
          name="retry_compensation"),
+    path("batches/new", batches.batch_new, name="batch_new"),
+    path("batches/", batches.batch_create, name="batch_create"),
+    path("batches/<uuid:code>/", batches.batch_detail, name="batch"),
+    path("batches/<uuid:code>/cancel", batches.batch_cancel, name="batch_cancel"),
     path("inbox/approvals/", views.inbox_approvals, name="inbox_approvals"),
     path("inbox/attention/", views.inbox_attention, name="inbox_attention"),
     path("inbox/counts", views.inbox_counts, name="inbox_counts"),

@@ -30,7 +30,7 @@ from stateguard_web.dashboard.forms import (
     RunFilterForm,
 )
 from stateguard_web.sagas import runtime, selectors, services
-from stateguard_web.sagas.models import Approval, Run
+from stateguard_web.sagas.models import Approval, Batch, Run
 
 
 def _run_for(request: HttpRequest, code: uuid.UUID, ability: Ability) -> Run:
@@ -62,6 +62,10 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "form": form, "page": page, "agents": agents, "filters": filters,
         "query": query.urlencode(), "chip_query": chip_query.urlencode(),
         "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before")),
+        # Batches (dashboard/batches.py): tick runs, or take every run of this filter.
+        "can_operate": access.may(request.user, Ability.OPERATE),
+        "filter_params": [(k, v) for k, v in query.items()],
+        "batch_actions": Batch.Action.choices,
     })
 
 

@@ -137,14 +137,16 @@ def _waiting(status: str, request: dict[str, Any] | None) -> str | None:
 def batch_preview(*, action: str, runs: QuerySet[Run], codes: list[uuid.UUID] | None = None,
                   filters: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a batch would touch, for the operator's confirmation: how many runs of which
-    statuses, and how many the action fits now (the others would be skipped, unless they
-    change meanwhile). Stores nothing."""
+    statuses, how many the action fits now (the others would be skipped, unless they change
+    meanwhile), and which runs (their codes, in order: a batch of exactly these acts on what
+    was confirmed). Stores nothing."""
     check = CHECKS[_action(action)]
     rows = _selected(runs, codes, filters)
     eligible = sum(1 for _, _, status, request in rows
                    if lifecycle.refusal(check, status, waiting=_waiting(status, request)) is None)
     return {"action": action, "count": len(rows), "eligible": eligible,
-            "statuses": dict(Counter(status for _, _, status, _ in rows).most_common())}
+            "statuses": dict(Counter(status for _, _, status, _ in rows).most_common()),
+            "runs": [str(code) for _, code, _, _ in rows]}
 
 
 def _selection(codes: list[uuid.UUID] | None, filters: dict[str, Any] | None) -> dict[str, Any]:

@@ -180,6 +180,9 @@
     var oldStatus = document.querySelector("[data-run-status]");
     oldStatus = oldStatus && oldStatus.dataset.runStatus;
     var before = rows(document);
+    // The runs ticked for a batch stay ticked across re-reads (the rows are new elements).
+    var ticked = {};
+    document.querySelectorAll("input[data-pick]:checked").forEach(function (b) { ticked[b.value] = true; });
     var active = document.activeElement;
     var focusId = active && (active.id || (active.closest("details[id]") || {}).id);
     remember(doc);
@@ -195,6 +198,7 @@
       var target = document.getElementById(focusId);
       (target.tagName === "DETAILS" ? target.querySelector("summary") : target).focus();
     }
+    document.querySelectorAll("input[data-pick]").forEach(function (b) { b.checked = !!ticked[b.value]; });
     document.title = doc.title;
     formatTimes(document);
     var after = document.querySelectorAll("tr[data-run]");
@@ -278,7 +282,8 @@
       var data;
       try { data = JSON.parse(message.data); } catch (e) { return; }
       if (data.type === "pong") { clearTimeout(self.pongTimer); return; }
-      if (data.type === "run.events" && Array.isArray(data.events)) self.onEvents(data.events);
+      if ((data.type === "run.events" || data.type === "batch.events") &&
+          Array.isArray(data.events)) self.onEvents(data.events);
     };
     ws.onclose = function () {
       if (self.ws !== ws) return;
@@ -335,6 +340,10 @@
         });
       });
     });
+    document.addEventListener("change", function (event) {  // tick every run on the page
+      if (!event.target.matches("input[data-pick-all]")) return;
+      document.querySelectorAll("input[data-pick]").forEach(function (b) { b.checked = event.target.checked; });
+    });
     var open = document.querySelector("dialog[open]");  // ?confirm=..., the no-script way
     if (open && open.showModal) {
       open.close();
@@ -351,6 +360,12 @@
       new LiveSocket("/ws/runs/" + body.dataset.run + "/", function () { schedule(120); },
                      function () { schedule(0); });
       new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
+    } else if (body.dataset.live === "batch" && body.dataset.batch) {
+      // Its progress, and its runs' statuses as workers carry out what it asked of them.
+      new LiveSocket("/ws/batches/" + body.dataset.batch + "/", function () { schedule(150); },
+                     function () { schedule(0); });
+      new LiveSocket("/ws/runs/", function () { schedule(1000); scheduleCounts(); },
+                     scheduleCounts);
     } else if (document.querySelector("[data-counts-url]")) {
       new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
     }

@@ -204,7 +204,9 @@ class BatchTests(TestCase):
         preview = batches.batch_preview(action="compensate", runs=Run.objects.all(),
                                         filters={"agent": "checkout"})
         assert preview == {"action": "compensate", "count": 5, "eligible": 4,
-                           "statuses": {"failed": 3, "succeeded": 1, "needs_attention": 1}}
+                           "statuses": {"failed": 3, "succeeded": 1, "needs_attention": 1},
+                           "runs": [str(r.code) for r in (self.stuck, self.done, self.f3,
+                                                          self.f2, self.f1)]}
         assert not Batch.objects.exists()
 
     def test_it_leaves_a_batch_to_the_worker_that_holds_it_until_its_lease_expires(

@@ -47,6 +47,17 @@ BADGES: dict[str, dict[str, tuple[str, str, str]]] = {
         "approved": ("ok", "✓", "approved"),
         "rejected": ("bad", "✕", "rejected"),
     },
+    "batch": {
+        "running": ("run", "●", "running"),
+        "done": ("ok", "✓", "done"),
+        "cancelled": ("idle", "■", "cancelled"),
+    },
+    "batch_item": {
+        "pending": ("idle", "◌", "pending"),
+        "done": ("ok", "✓", "done"),
+        "skipped": ("warn", "↷", "skipped"),
+        "failed": ("bad", "✕", "failed"),
+    },
     "effect": {
         "applied": ("ok", "●", "applied"),
         "partially_compensated": ("warn", "◐", "partly undone"),

@@ -55,7 +55,9 @@ class BatchApiTests(World):
         assert response.status_code == 200, response.content
         assert response.json() == {"action": "compensate", "count": 3, "eligible": 3,
                                    "statuses": {"needs_attention": 1, "failed": 1,
-                                                "paused": 1}}
+                                                "paused": 1},
+                                   "runs": [str(r.code) for r in (self.stuck, self.failed,
+                                                                  self.paused)]}
         assert journal_state() == state and not Batch.objects.exists()
 
     def test_it_cancels_a_batch_once(self) -> None:
