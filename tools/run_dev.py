@@ -54,6 +54,8 @@ def _ensure_admin() -> str:
         password = secrets.token_urlsafe(12)
         user, _ = user_model.objects.get_or_create(username="admin")
         user.is_staff = user.is_superuser = user.is_active = True
+        # Notifications go to operators with an address: under DEBUG the worker prints them.
+        user.email = user.email or "admin@localhost"
         user.set_password(password)
         user.save()
         _write_private(PASSWORD_FILE, password)
