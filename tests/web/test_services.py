@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -13,6 +16,13 @@ from django.utils import timezone
 
 from stateguard_web.sagas import services
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
+
+
+def after_commit(callbacks: list[Callable[[], Any]]) -> list[str]:
+    """What a service left for after its commit: a task's name, or "live update" (the
+    dashboard's, sagas.events.publish_change)."""
+    return [c.func.__self__.name.rsplit(".", 1)[-1] if isinstance(c, functools.partial)
+            else "live update" for c in callbacks]
 
 
 class SubmitTests(TestCase):
@@ -26,7 +36,8 @@ class SubmitTests(TestCase):
         assert run.status == Run.Status.PENDING and run.submitted_by == self.alice
         assert run.input == {"name": "web-1", "size": 1, "fail_at": None, "sleep_at": None,
                              "sleep_seconds": 0.0}
-        assert len(callbacks) == 1  # run_execute, sent only once the run is committed
+        # run_execute, and the run for the live pages, sent only once the run is committed
+        assert after_commit(callbacks) == ["run_execute", "live update"]
         assert AuditEvent.objects.get(run=run).action == "run.submitted"
 
     def test_it_refuses_bad_input_and_stores_nothing(self) -> None:
@@ -61,7 +72,7 @@ class ActionTests(TestCase):
                                            requested_at=self.run.created_at)
         with self.captureOnCommitCallbacks() as callbacks:
             services.run_approve(run=self.run, by="bob")
-        assert len(callbacks) == 1
+        assert after_commit(callbacks) == ["run_request", "live update"]
         event = AuditEvent.objects.get(run=self.run)
         assert (event.actor, event.action, event.data) == (
             "bob", "run.approved", {"node": "charge_user", "step_id": "t1"})
@@ -263,7 +274,7 @@ class CompensationRetryTests(TestCase):
         with self.captureOnCommitCallbacks() as callbacks:
             services.compensation_retry(compensation=failed, by="carol")
         run.refresh_from_db()
-        assert len(callbacks) == 1
+        assert after_commit(callbacks) == ["run_request", "live update"]
         assert (run.request["action"], run.request["step_id"]) == ("retry_compensation", "s1")
         with pytest.raises(services.ActionNotAllowed, match="retry_compensation by carol"):
             services.compensation_retry(compensation=failed, by="dave")
