@@ -1,0 +1,615 @@
+"""R1/R2 (issue 10): checkouts on Celery workers SIGKILLed at random, counted from Stripe's side.
+
+    .venv/bin/python bench/r1_chaos.py [--runs 200] [--seed 1]                         # R1
+    .venv/bin/python bench/r1_chaos.py --refund-failures 0.3 [--refund-failure-mode lost]  # R2
+
+Everything it uses is its own, started here and stopped at the end: localstripe (in memory,
+``tools/localstripe_server.py``) behind a relay, the PostgreSQL database ``stateguard_chaos``
+(dropped, created and migrated), Redis database 14 (flushed), one beat (the lease sweeper, as in
+production: a process of its own, never killed) and ``--workers`` Celery workers of
+``--concurrency`` processes each, with the deployment's lease settings (the defaults, 10 s lease
+renewed every 3 s, a sweep every 2 s, unless ``--lease``) and the agent's own crash policy
+(``unwind``, unless ``--on-crash resume``).
+
+It submits ``--runs`` checkouts at ``--rate`` a second (half of them, chosen by the seed, with
+``fail_booking``; amounts under the approval threshold), and every ``--kill-every`` seconds
+SIGKILLs a worker chosen at random, its whole process group (the host died: the pool children
+too, and the messages they held stay unacknowledged), restarting it ``--restart-after`` later;
+from the first submission until ``--chaos`` seconds after the last. With ``--child-kills P``
+that share of the kills hits one pool process instead (as an OOM kill would: Celery's parent
+lives on, starts another and re-queues the task). Then it waits for every run
+to end (``--deadline``), stops the workers, and counts from localstripe's own objects (never
+from the journal): orphan charges (charged, the run not succeeded, not refunded in full),
+double refunds (more refunded than charged, or more than one refund of a charge), refunds of
+succeeded runs, duplicate charges of a run, and runs not finished; and from the journal, the
+runs left ``needs_attention`` and why (their compensations' errors), and whether the effect
+ledger agrees with Stripe. Exit status 1 when a count that must be 0 is not.
+
+The relay forwards every request, except that with ``--refund-failures P`` it fails that share of
+``POST /v1/refunds`` (drawn from the seed): ``--refund-failure-mode 500`` answers 500 without
+forwarding (Stripe did nothing), ``lost`` forwards it and drops the answer (Stripe refunded, the
+worker hears a broken connection). The seed fixes the runs, the kill times and victims and the
+relay's draws; which run a kill or a failure hits depends on timing.
+
+Logs (every worker's, beat's, localstripe's) and ``report.json`` go to ``--log-dir``
+(default: a new folder under /tmp, printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DB_NAME = "stateguard_chaos"
+DB_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
+REDIS_URL = "redis://127.0.0.1:6379/14"
+STRIPE_KEY = "sk_test_chaos"
+# Production settings: DEBUG off; no .env file (make run's points at another localstripe).
+os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DEBUG="false",
+                  SECRET_KEY="chaos-" + "x" * 50, DJANGO_SETTINGS_MODULE="stateguard_web.settings",
+                  STATEGUARD_ENV_FILE="", STRIPE_API_KEY=STRIPE_KEY)
+sys.path.insert(0, str(ROOT))
+
+from tests.core.lossy_relay import LossyRelay, _read_message  # noqa: E402
+
+DONE = ("succeeded", "compensated", "needs_attention")
+_ERROR = b'{"error": {"type": "api_error", "message": "injected by the chaos relay"}}'
+FAILED = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
+          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_ERROR), _ERROR))
+
+
+class ChaosRelay(LossyRelay):
+    """Forwards every request to localstripe, ``latency`` seconds later (half on the way there,
+    half on the way back: Stripe's own answers take a few hundred ms, localstripe's a few, and
+    the windows a kill can hit are these); fails a share ``rate`` of ``POST /v1/refunds``, drawn
+    from ``rng``: answered 500 unforwarded (``mode="500"``), or forwarded with the answer
+    dropped (``mode="lost"``)."""
+
+    def __init__(self, target: str, rate: float, mode: str, rng: random.Random,
+                 latency: float) -> None:
+        self.rate, self.mode, self.rng, self.latency = rate, mode, rng, latency
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+        super().__init__(target)
+
+    def _fails(self, request: bytes) -> bool:
+        line = request.split(b"\r\n", 1)[0].decode(errors="replace")
+        method, _, path = line.partition(" ")
+        # /v1/charges/ch_123 -> /v1/charges/{id}
+        path = "/".join("{id}" if re.fullmatch(r"[a-z]+_(?=.*[A-Z0-9])[A-Za-z0-9]+", part)
+                        else part for part in path.split(" ")[0].split("?")[0].split("/"))
+        kind = f"{method} {path}"
+        with self.lock:
+            self.counts[kind] += 1
+            fail = kind == "POST /v1/refunds" and self.rng.random() < self.rate
+            if fail:
+                self.counts[f"{kind} failed ({self.mode})"] += 1
+        return fail
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, contextlib.suppress(OSError):
+            while request := _read_message(client):
+                fail = self._fails(request)
+                if fail and self.mode == "500":
+                    client.sendall(FAILED)
+                    return
+                time.sleep(self.latency / 2)
+                with socket.create_connection(self.target) as upstream:
+                    upstream.sendall(request)
+                    answer = _read_message(upstream)
+                time.sleep(self.latency / 2)
+                if fail:
+                    return  # Stripe acted; the answer is lost on the way back
+                client.sendall(answer)
+
+
+@dataclass
+class Worker:
+    name: str
+    args: list[str]
+    env: dict[str, str]
+    log_dir: Path
+    proc: subprocess.Popen[bytes] | None = None
+    restart_at: float | None = None
+    starts: int = 0
+    log_from: int = 0  # where this start's lines begin in its log
+    exits: int = 0  # exits that were not our kills (a worker that cannot start, say)
+
+    def start(self) -> None:
+        self.starts += 1
+        log = (self.log_dir / f"{self.name}.log").open("ab")
+        self.log_from = log.tell()
+        log.write(f"\n==== start {self.starts} at {time.strftime('%H:%M:%S')} ====\n".encode())
+        log.flush()
+        # A session of its own: SIGKILL of its group reaches the pool children too.
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.restart_at = None
+
+    def ready(self) -> bool:
+        """Whether this start has booted (Celery logged "ready."): killing a worker that is
+        still importing tests nothing."""
+        with (self.log_dir / f"{self.name}.log").open("rb") as log:
+            log.seek(self.log_from)
+            return b" ready." in log.read()
+
+    def pids(self) -> set[int]:
+        import psutil
+
+        assert self.proc is not None
+        try:
+            parent = psutil.Process(self.proc.pid)
+            return {parent.pid, *(c.pid for c in parent.children(recursive=True))}
+        except psutil.NoSuchProcess:
+            return set()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill(signal.SIGTERM)
+
+
+@dataclass
+class Kill:
+    at: float  # seconds since the first submission
+    worker: str
+    runs: list[str] = field(default_factory=list)  # codes of the runs its processes held
+
+
+def setup_database() -> None:
+    import psycopg
+
+    # Made anew each time: empty, and with no migration of another tree applied.
+    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres",
+                         autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
+        admin.execute(f"CREATE DATABASE {DB_NAME}")
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
+
+
+def start_localstripe(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "tools/localstripe_server.py", "--port", "0"], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=(log_dir / "localstripe.log").open("wb"), text=True,
+        start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # "localstripe listening on http://127.0.0.1:PORT"
+    if "listening on" not in line:
+        proc.kill()
+        raise SystemExit(f"localstripe did not start: {line!r}")
+    return proc, line.split("listening on ", 1)[1].split()[0].rstrip(",")
+
+
+def parse_range(text: str) -> tuple[float, float]:
+    low, _, high = text.partition(",")
+    return float(low), float(high or low)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=1.0, help="submissions per second")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="processes per worker")
+    parser.add_argument("--kill-every", default="2,6",
+                        help="seconds between kills: MIN,MAX (of a worker that has booted)")
+    parser.add_argument("--restart-after", default="0.5,3", help="seconds down: MIN,MAX")
+    parser.add_argument("--child-kills", type=float, default=0.0,
+                        help="share of kills that hit one pool process, not the whole worker")
+    parser.add_argument("--stripe-latency", type=float, default=0.2,
+                        help="seconds the relay adds to each Stripe call")
+    parser.add_argument("--chaos", type=float, default=30.0,
+                        help="seconds of kills after the last submission")
+    parser.add_argument("--deadline", type=float, default=600.0,
+                        help="seconds to wait for every run to end, after the kills")
+    parser.add_argument("--refund-failures", type=float, default=0.0,
+                        help="share of POST /v1/refunds that fail (R2: 0.3)")
+    parser.add_argument("--refund-failure-mode", choices=["500", "lost"], default="500")
+    parser.add_argument("--lease", default="",
+                        help="LEASE,RENEW,SWEEP seconds (default: the settings' 10,3,2)")
+    parser.add_argument("--on-crash", choices=["unwind", "resume"], default="",
+                        help="checkout's crash policy (default: the agent's own, unwind)")
+    parser.add_argument("--log-dir", type=Path, default=None)
+    args = parser.parse_args()
+    # Ctrl-C, or SIGTERM (also when started in the background, where SIGINT is ignored), ends
+    # the script through its cleanup.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix=f"chaos-s{args.seed}-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(args.seed)
+    relay_rng = random.Random(f"relay-{args.seed}")
+
+    env_extra: dict[str, str] = {}
+    if args.lease:
+        env_extra.update(zip(("STATEGUARD_LEASE_SECONDS", "STATEGUARD_LEASE_RENEW_SECONDS",
+                              "STATEGUARD_SWEEP_SECONDS"), args.lease.split(","), strict=True))
+    if args.on_crash:
+        env_extra["STATEGUARD_ON_CRASH"] = f"checkout={args.on_crash}"
+    os.environ.update(env_extra)
+
+    setup_database()
+    import django
+
+    django.setup()
+    import redis
+    import stripe
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    ls_proc, ls_url = start_localstripe(log_dir)
+    relay = ChaosRelay(ls_url, args.refund_failures, args.refund_failure_mode, relay_rng,
+                       args.stripe_latency)
+    env = {**os.environ, "STRIPE_API_BASE": relay.url}
+    beat = Worker("beat", [sys.executable, "-m", "celery", "-A", "stateguard_web", "beat",
+                           "-l", "info", "-s", str(log_dir / "beat-schedule")], env, log_dir)
+    workers = [Worker(f"w{i + 1}", [
+        sys.executable, "-m", "celery", "-A", "stateguard_web", "worker", "-l", "info",
+        "-c", str(args.concurrency), "-n", f"chaos-w{i + 1}@%h", "--without-mingle",
+        "--without-gossip"], env, log_dir) for i in range(args.workers)]
+    try:
+        report = chaos(args, rng, beat, workers)
+        for w in [*workers, beat]:  # nothing moves while Stripe is counted
+            w.stop()
+        report.update(count(stripe.StripeClient(STRIPE_KEY, base_addresses={"api": ls_url}),
+                            report.pop("codes"), report["kill log"], relay.counts))
+        report["log errors"] = log_errors(log_dir)
+    finally:  # also on Ctrl-C: nothing of ours is left running
+        for w in [*workers, beat]:
+            w.stop()
+        relay.close()
+        ls_proc.terminate()
+        ls_proc.wait(timeout=10)
+    (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    bad = print_report(report)
+    print(f"logs and report.json in {log_dir}")
+    sys.exit(1 if bad else 0)
+
+
+def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: list[Worker]
+          ) -> dict[str, Any]:
+    """Start beat and the workers, submit the runs under kills and wait for them to end."""
+    from django.conf import settings
+
+    from stateguard_web.sagas import services
+    from stateguard_web.sagas.models import Run
+
+    kill_every, restart_after = parse_range(args.kill_every), parse_range(args.restart_after)
+    lease = (settings.STATEGUARD_LEASE_SECONDS, settings.STATEGUARD_LEASE_RENEW_SECONDS,
+             settings.STATEGUARD_SWEEP_SECONDS)
+    print(f"chaos: {args.runs} runs, seed {args.seed}, {args.workers} workers x "
+          f"{args.concurrency}, lease/renew/sweep {lease} s, kill every {kill_every} s, "
+          f"Stripe +{args.stripe_latency:.2f} s a call, refund failures "
+          f"{args.refund_failures:.0%} ({args.refund_failure_mode}); "
+          f"logs in {beat.log_dir}", flush=True)
+
+    failing = set(rng.sample(range(args.runs), args.runs // 2))
+    inputs = [{"email": f"chaos-{i}@example.com", "amount": rng.randint(1_00, 100_00),
+               "fail_booking": i in failing} for i in range(args.runs)]
+    codes: dict[str, dict[str, Any]] = {}  # run code -> its input
+    kills: list[Kill] = []
+    beat.start()
+    for w in workers:
+        w.start()
+    time.sleep(5)  # let them boot before the first kill can come
+    start = time.monotonic()
+    next_kill = start + rng.uniform(*kill_every)
+    chaos_end: float | None = None
+    while True:
+        now = time.monotonic()
+        while len(codes) < args.runs and start + len(codes) / args.rate <= now:
+            run = services.run_submit(agent="checkout", input=inputs[len(codes)])
+            codes[str(run.code)] = inputs[len(codes)]
+        if chaos_end is None and len(codes) == args.runs:
+            chaos_end = now + args.chaos
+        restart(workers, now)
+        if chaos_end is not None and now >= chaos_end:
+            break
+        if now >= next_kill and (up := [w for w in workers
+                                        if w.restart_at is None and w.ready()]):
+            victim = rng.choice(up)
+            pids = victim.pids()
+            children = sorted(pids - {victim.proc.pid} if victim.proc else ())
+            if children and rng.random() < args.child_kills:
+                # One pool process (an OOM kill): Celery's parent lives, starts another and
+                # re-queues the task (reject_on_worker_lost).
+                pids = {rng.choice(children)}
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(next(iter(pids)), signal.SIGKILL)
+                name = f"{victim.name}/child"
+            else:
+                victim.kill()
+                victim.restart_at = now + rng.uniform(*restart_after)
+                name = victim.name
+            held = [str(c) for c, owner in Run.objects.exclude(lease_owner="")
+                    .values_list("code", "lease_owner") if int(owner.split(":")[1]) in pids]
+            kills.append(Kill(round(now - start, 1), name, held))
+            print(f"  {now - start:6.1f} s: SIGKILL {name} ({len(held)} runs held)", flush=True)
+            next_kill = now + rng.uniform(*kill_every)
+        time.sleep(0.05)
+    for w in workers:
+        if w.restart_at is not None:
+            w.start()
+    chaos_took = time.monotonic() - start
+    print(f"submitted {len(codes)} runs, {len(kills)} kills in {chaos_took:.0f} s; waiting "
+          f"for every run to end (at most {args.deadline:.0f} s)", flush=True)
+    batch = Run.objects.filter(code__in=list(codes))
+    deadline, last_print = time.monotonic() + args.deadline, 0.0
+    while (left := batch.exclude(status__in=DONE).count()) and time.monotonic() < deadline:
+        restart(workers, time.monotonic())
+        if time.monotonic() - last_print > 15:
+            print(f"  {time.monotonic() - start:6.0f} s: {left} runs not finished", flush=True)
+            last_print = time.monotonic()
+        time.sleep(1)
+    return {"seed": args.seed, "runs": args.runs, "workers": args.workers,
+            "concurrency": args.concurrency, "lease": lease,
+            "on_crash": args.on_crash or "unwind", "refund_failures": args.refund_failures,
+            "mode": args.refund_failure_mode, "stripe_latency": args.stripe_latency,
+            "rate": args.rate, "chaos_seconds": round(chaos_took),
+            "total_seconds": round(time.monotonic() - start),
+            "starts": {w.name: w.starts for w in workers},
+            "exits not ours": {w.name: w.exits for w in [*workers, beat] if w.exits},
+            "codes": codes, "kill log": kills}
+
+
+def restart(workers: list[Worker], now: float) -> None:
+    """Start the workers due to restart, and any that exited by itself (counted: a worker that
+    cannot start makes the run worthless)."""
+    for w in workers:
+        if w.restart_at is None and w.proc is not None and w.proc.poll() is not None:
+            w.exits += 1
+            print(f"  {w.name} exited by itself ({w.proc.returncode}); see its log", flush=True)
+            w.restart_at = now
+        if w.restart_at is not None and now >= w.restart_at:
+            w.start()
+
+
+def log_errors(log_dir: Path) -> dict[str, int]:
+    """The workers' and beat's ERROR and CRITICAL lines, alike ones counted together."""
+    found: Counter[str] = Counter()
+    for log in log_dir.glob("*.log"):
+        if log.name == "localstripe.log":
+            continue
+        for line in log.read_text(errors="replace").splitlines():
+            if " ERROR" in line or " CRITICAL" in line:
+                text = re.sub(r"^\[?[\d-]+ [\d:,]+\]?:? ?", "", line)
+                found[re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}|\d+", "N", text)[:160]] += 1
+    return dict(found.most_common(20))
+
+
+def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
+          relay: Counter[str]) -> dict[str, Any]:
+    """What Stripe holds, per run, against what the journal says of the run."""
+    from stateguard_web.sagas.models import AuditEvent, Compensation, Effect, Run
+
+    intents = list(client.v1.payment_intents.list(params={"limit": 100}).auto_paging_iter())
+    refunds = list(client.v1.refunds.list(params={"limit": 100}).auto_paging_iter())
+    runs = {str(r.code): r for r in Run.objects.filter(code__in=list(codes))}
+    recovered = Counter(str(c) for c in AuditEvent.objects.filter(
+        run__code__in=list(codes), action="run.recovering").values_list("run__code", flat=True))
+    charges: dict[str, Any] = {}  # charge id -> charge
+    charge_run: dict[str, str] = {}  # charge id -> run code
+    intent_of: dict[str, str] = {}  # charge id -> PaymentIntent id
+    by_run: dict[str, list[str]] = defaultdict(list)  # run code -> its charges
+    stray: list[str] = []
+    for pi in intents:
+        code = (pi.metadata.to_dict() if pi.metadata else {}).get("stateguard_run")
+        if pi.status != "succeeded":
+            continue
+        ch = pi.latest_charge
+        charges[ch.id], intent_of[ch.id] = ch, pi.id
+        if code not in runs:
+            stray.append(pi.id)
+            continue
+        charge_run[ch.id] = code
+        by_run[code].append(ch.id)
+    refunds_of: dict[str, list[Any]] = defaultdict(list)
+    for r in refunds:
+        if r.status not in ("failed", "canceled"):
+            refunds_of[r.charge].append(r)
+
+    problems: dict[str, list[str]] = defaultdict(list)  # count name -> what it counts
+    for ch_id, code in charge_run.items():
+        ch, run = charges[ch_id], runs[code]
+        made = refunds_of.get(ch_id, [])
+        refunded = sum(r.amount for r in made)
+        if run.status != "succeeded" and refunded < ch.amount:
+            key = ("charges held for an operator (run needs_attention)"
+                   if run.status == "needs_attention" else "orphan charges")
+            problems[key].append(f"{code} {ch_id} {ch.amount} refunded {refunded}")
+        if refunded > ch.amount or len(made) > 1 or ch.amount_refunded > ch.amount:
+            problems["double refunds"].append(
+                f"{code} {ch_id} {ch.amount} refunded {refunded} in {len(made)}")
+        if run.status == "succeeded" and made:
+            problems["refunds of succeeded runs"].append(f"{code} {ch_id} {refunded}")
+    for code, ids in by_run.items():
+        if len(ids) > 1:
+            problems["duplicate charges"].append(f"{code} {len(ids)} charges")
+    for code, run in runs.items():
+        if run.status not in DONE:
+            problems["runs not finished"].append(f"{code} {run.status}")
+        if run.status == "succeeded" and not by_run.get(code):
+            problems["succeeded runs without a charge"].append(code)
+        if run.status == "succeeded" and codes[code]["fail_booking"]:
+            problems["failed bookings that succeeded"].append(code)
+    if stray:
+        problems["charges naming no run of this batch"] = stray
+    known = set(charges)
+    for r in refunds:
+        if r.charge not in known:
+            problems["refunds of unknown charges"].append(r.id)
+
+    # The journal: why runs need attention, and whether the ledger says what Stripe says.
+    attention: Counter[str] = Counter()
+    for code, run in runs.items():
+        if run.status != "needs_attention":
+            continue
+        why, injected = [], True
+        for comp in Compensation.objects.filter(run=run).exclude(
+                status__in=["succeeded", "nothing_to_undo"]).prefetch_related("attempts"):
+            last = max(comp.attempts.all(), key=lambda a: a.number, default=None)
+            error = (last.error or {}) if last else {}
+            injected = injected and "injected by the chaos relay" in str(error.get("message"))
+            why.append(f"{comp.node} {comp.status} after {comp.attempts.count()} attempts: "
+                       f"{error.get('type', '?')}: {str(error.get('message', ''))[:80]}")
+        # Expected only when every compensation left failed was failed by the relay.
+        label = "injected refund failures" if why and injected else "NOT the relay's"
+        crashed = ", recovered after a crash" if code in recovered else ""
+        attention[f"[{label}{crashed}] " + ("; ".join(why) or "no failed compensation")] += 1
+    ledger = {(e.kind, e.external_id): e for e in Effect.objects.filter(run__code__in=list(codes))}
+    for ch_id, code in charge_run.items():
+        pi_id = intent_of[ch_id]
+        effect = ledger.get(("charge", pi_id))
+        refunded = sum(r.amount for r in refunds_of.get(ch_id, []))
+        want = ("applied" if not refunded else "compensated" if refunded >= charges[ch_id].amount
+                else "partially_compensated")
+        if effect is None:
+            problems["ledger: charges missing"].append(f"{code} {pi_id}")
+        elif effect.status != want or effect.amount != charges[ch_id].amount:
+            problems["ledger: charges misstated"].append(
+                f"{code} {pi_id} {effect.status}/{effect.amount}, Stripe {want}")
+        for r in refunds_of.get(ch_id, []):
+            if ("refund", r.id) not in ledger:
+                problems["ledger: refunds missing"].append(f"{code} {r.id}")
+    stripe_ids = {pi.id for pi in intents} | {r.id for r in refunds}
+    for kind, ext in ledger:
+        if ext not in stripe_ids:
+            problems["ledger: effects Stripe does not have"].append(f"{kind} {ext}")
+
+    # The journal agrees with itself: a finished run has no compensation still running, an
+    # unwound run compensated its charge step (done, failed or cut off: the refund looks for
+    # the charge), a compensated run undid everything, a succeeded run undid nothing.
+    from stateguard_web.sagas.models import Step
+
+    comps_of: dict[str, list[Any]] = defaultdict(list)
+    for comp in Compensation.objects.filter(run__code__in=list(codes)).select_related("run",
+                                                                                      "step"):
+        comps_of[str(comp.run.code)].append(comp)
+    for code, run in runs.items():
+        if run.status not in DONE:
+            continue
+        statuses = {c.status for c in comps_of[code]}
+        if "running" in statuses:
+            problems["journal: compensations left running"].append(code)
+        if run.status == "compensated" and statuses - {"succeeded", "nothing_to_undo"}:
+            problems["journal: compensated runs with an undone compensation"].append(code)
+        if run.status == "succeeded" and statuses:
+            problems["journal: succeeded runs with a compensation"].append(code)
+    for step in Step.objects.filter(run__code__in=list(codes),
+                                    node="charge_user").select_related("run"):
+        code = str(step.run.code)
+        if runs[code].status in ("compensated", "needs_attention") and not any(
+                c.step_id == step.pk for c in comps_of[code]):
+            problems["journal: charge steps of unwound runs not compensated"].append(
+                f"{code} {step.status}")
+    finished = sorted((r.finished_at - r.created_at).total_seconds() for r in runs.values()
+                      if r.finished_at)
+
+    # What recovery did with each run it took over: its outcome, and what each compensation's
+    # attempts said ("refunded", "found": an earlier attempt's refund, False: nothing to undo).
+    after_crash: Counter[str] = Counter()
+    for code in recovered:
+        comps = [f"{c.node} {c.status} [" + ", ".join(
+            str(a.result).split(" ")[0].strip("'\"") if a.ok else (a.error or {}).get("type", "?")
+            for a in sorted(c.attempts.all(), key=lambda a: a.number)) + "]"
+            for c in Compensation.objects.filter(run=runs[code]).prefetch_related("attempts")]
+        after_crash[f"{'fail_booking' if codes[code]['fail_booking'] else 'ok'} -> "
+                    f"{runs[code].status}: {'; '.join(comps) or 'no compensation'}"] += 1
+    outcomes = Counter(f"{'fail_booking' if codes[c]['fail_booking'] else 'ok'} -> {r.status}"
+                       for c, r in runs.items())
+    return {
+        "outcomes": dict(sorted(outcomes.items())),
+        "stripe": {"payment intents": len(intents), "charges": len(charges),
+                   "refunds": len(refunds), "refunded in full": sum(
+                       1 for ch in charges.values() if ch.amount_refunded >= ch.amount)},
+        "relay": dict(sorted(relay.items())),
+        "kills": len(kills), "kills that hit a run": sum(1 for k in kills if k.runs),
+        "runs held by a killed process": len({c for k in kills for c in k.runs}),
+        "runs recovered": len(recovered), "recoveries": sum(recovered.values()),
+        "recovered runs": dict(sorted(after_crash.items())),
+        "seconds from submission to the end, p50 p95 max": [
+            round(finished[int(q * (len(finished) - 1))], 1) for q in (0.5, 0.95, 1.0)
+        ] if finished else [],
+        "problems": {k: sorted(v) for k, v in problems.items()},
+        "needs_attention": dict(attention),
+        "kill log": [(k.at, k.worker, k.runs) for k in kills],
+    }
+
+
+# Counts that must be 0 (R1 and R2); "charges held for an operator" are runs left
+# needs_attention with their charge, which R2's failing refunds may leave.
+MUST_BE_ZERO = ("orphan charges", "double refunds", "refunds of succeeded runs",
+                "duplicate charges", "runs not finished", "succeeded runs without a charge",
+                "failed bookings that succeeded", "charges naming no run of this batch",
+                "refunds of unknown charges", "ledger: charges missing",
+                "ledger: charges misstated", "ledger: refunds missing",
+                "ledger: effects Stripe does not have", "journal: compensations left running",
+                "journal: compensated runs with an undone compensation",
+                "journal: succeeded runs with a compensation",
+                "journal: charge steps of unwound runs not compensated")
+
+
+def print_report(report: dict[str, Any]) -> bool:
+    print(f"\n{report['runs']} runs, seed {report['seed']}, refund failures "
+          f"{report['refund_failures']:.0%} ({report['mode']}), on_crash {report['on_crash']}: "
+          f"{report['chaos_seconds']} s of chaos, {report['total_seconds']} s in all")
+    if report["exits not ours"]:
+        print(f"WORKERS EXITED BY THEMSELVES {report['exits not ours']}: this run tells "
+              "nothing until that is fixed (see their logs)")
+    print(f"kills: {report['kills']} ({report['kills that hit a run']} hit a run; "
+          f"{report['runs held by a killed process']} runs held by a killed process), "
+          f"worker starts {report['starts']}; runs recovered by the sweeper: "
+          f"{report['runs recovered']} ({report['recoveries']} recoveries)")
+    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()))
+    print("recovered runs:" + "".join(f"\n  {n} x {what}"
+                                      for what, n in report["recovered runs"].items()))
+    print("stripe: " + ", ".join(f"{k} {v}" for k, v in report["stripe"].items()))
+    print("relay: " + ", ".join(f"{k} {v}" for k, v in report["relay"].items()))
+    problems = report["problems"]
+    bad = bool(report["exits not ours"])
+    print("seconds from submission to the end, p50 p95 max: "
+          f"{report['seconds from submission to the end, p50 p95 max']}")
+    print("counts from Stripe, then the ledger and the journal against it (target 0):")
+    for name in MUST_BE_ZERO:
+        found = problems.get(name, [])
+        bad = bad or bool(found)
+        print(f"  {name:55} {len(found)}" + "".join(f"\n      {x}" for x in found[:10]))
+    held = problems.get("charges held for an operator (run needs_attention)", [])
+    print(f"  {'charges held for an operator':55} {len(held)}  (runs needs_attention)")
+    print(f"error lines in the logs: {sum(report['log errors'].values())}" + "".join(
+        f"\n  {n} x {line}" for line, n in report["log errors"].items()))
+    attention = report["needs_attention"]
+    print(f"needs_attention: {sum(attention.values())}")
+    for why, n in attention.items():
+        print(f"  {n} x {why}")
+        bad = bad or "NOT the relay's" in why
+    return bad
+
+
+if __name__ == "__main__":
+    main()
