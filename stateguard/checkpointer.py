@@ -108,6 +108,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         if self._observer.mode(config) is None:
             return self.saver.put(config, checkpoint, metadata, new_versions)
         run_id = str(config["configurable"]["thread_id"])
+        self._observer.before_put(config, checkpoint, metadata)
         with self._observer.tracking(run_id):
             saved = self.saver.put(config, checkpoint, metadata, new_versions)
             self._observer.after_put(config, checkpoint, metadata)
@@ -154,6 +155,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         if self._observer.mode(config) is None:
             return await self.saver.aput(config, checkpoint, metadata, new_versions)
         run_id = str(config["configurable"]["thread_id"])
+        self._observer.before_put(config, checkpoint, metadata)
         with self._observer.tracking(run_id):
             saved = await self.saver.aput(config, checkpoint, metadata, new_versions)
             await asyncio.to_thread(self._observer.after_put, config, checkpoint, metadata)

@@ -48,6 +48,8 @@ from langgraph.checkpoint.base import CheckpointTuple
 from stateguard.core import GuardCore
 from stateguard.exceptions import ConfigurationError, InvalidRunState, InvariantViolation
 from stateguard.instrument import INSTRUMENTED_KEY, RUNNER_KEY, node_tags
+from stateguard.journal import TurnJournal, turn_steps
+from stateguard.lifecycle import NEXT_TURN
 from stateguard.records import RunStatus, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.state import apply_update, is_internal_channel, state_values
@@ -86,6 +88,7 @@ class _Run:
     stopped: bool = False
     loop: weakref.ref[Any] | None = None  # LangGraph's loop running it, if found
     ended: bool = False  # that loop exited or was collected: forget it once no call is in flight
+    paused: bool = False  # a node called interrupt(): the turn waits for a resume
 
     def alive(self) -> bool:
         """Its loop may still make calls (unknown without a loop: the cap decides)."""
@@ -124,8 +127,9 @@ class DropInObserver:
             return  # get_state() and other reads, not a run
         run_id = str(config.get("configurable", {}).get("thread_id"))
         nodes, channels = self._learn_graph(graph)
+        self._next_turn(run_id)
         if mode == "observe":
-            self._admit(run_id, config)
+            self._admit(config)
         # A resumed step's writes name the checkpoint loaded here, saved by an earlier invoke.
         live = _Run(nodes, channels)
         if saved is not None:
@@ -164,7 +168,26 @@ class DropInObserver:
                      collected: weakref.finalize[[str, _Run], None] | None) -> None:
         if collected is not None:
             collected.detach()
+        try:
+            self._end_turn(run_id, live)
+        except Exception:  # an exit callback must not replace what the run raised
+            logger.exception("StateGuard drop-in: recording the end of run %s failed", run_id)
         self._run_ended(run_id, live)
+
+    def _end_turn(self, run_id: str, live: _Run) -> None:
+        """The run's turn is over: it succeeded (settled: a later turn never undoes it), or it
+        paused; an unwound or failed one already says so. LangGraph's loop tells which."""
+        loop = live.loop() if live.loop is not None else None
+        ended = getattr(loop, "status", None)
+        if ended == "done":
+            status = RunStatus.SUCCEEDED
+        elif live.paused or ended in ("interrupt_before", "interrupt_after"):
+            status = RunStatus.PAUSED
+        else:
+            return
+        run = self.core.journal.run_get(run_id)
+        if run is not None and run.status == RunStatus.RUNNING:
+            self.core.set_status(run_id, status)
 
     def _run_ended(self, run_id: str, live: _Run) -> None:
         with self._cond:
@@ -197,12 +220,26 @@ class DropInObserver:
             logger.warning("StateGuard drop-in: %s (LangGraph internals moved?). Runs are still "
                            "observed; what is kept for one is forgotten %s.", what, forgotten)
 
-    def _admit(self, run_id: str, config: RunnableConfig) -> None:
-        run = self.core.journal.run_get(run_id)
-        if run is not None and run.status in _ABORTED:
+    def _next_turn(self, run_id: str) -> None:
+        """A thread whose last turn finished starts a new turn (a saga of its own): invoked
+        again with input, or with ``None`` after ``update_state`` (resuming after a fix)."""
+        journal = self.core.journal
+        run = journal.run_get(run_id)
+        if run is None:
+            return
+        if run.status in (RunStatus.COMPENSATING, RunStatus.NEEDS_ATTENTION):
             raise InvalidRunState(
-                f"run {run_id!r} was unwound ({run.status}); continuing it would run its "
-                "nodes only to compensate them: start a new thread_id")
+                f"run {run_id!r} is {run.status}: an effect is still being undone, or could "
+                "not be undone and waits for an operator; continue once it is settled")
+        if run.status not in NEXT_TURN:
+            return  # paused, or cut short: this invoke goes on with its turn
+        if not isinstance(journal, TurnJournal):
+            raise InvalidRunState(
+                f"run {run_id!r} finished ({run.status}) and this journal keeps one saga per "
+                "thread: start a new thread_id")
+        journal.run_next_turn(run_id)
+
+    def _admit(self, config: RunnableConfig) -> None:
         if self.core.spec.approvals:
             raise ConfigurationError(
                 "approval gates need the guarded path: graph = guard.compile(builder)")
@@ -299,6 +336,20 @@ class DropInObserver:
             return dict(live.values.get(checkpoint_id or "", {}))
 
     # -- observations -----------------------------------------------------------------------
+    def before_put(self, config: RunnableConfig, checkpoint: Mapping[str, Any],
+                   metadata: Mapping[str, Any]) -> None:
+        """Refuse an ``update_state`` outside a run that breaks an invariant, before it is
+        saved. It is no step of the saga: no node is to blame and nothing is to be undone
+        (unwinding for it would refund a finished run's charge)."""
+        if metadata.get("source") != "update" or self.mode(config) != "observe":
+            return
+        with self._cond:
+            if str(config["configurable"]["thread_id"]) in self._runs:
+                return  # a run's own update: checked as its step
+        found = self.core.spec.first_violation(state_values(checkpoint["channel_values"]))
+        if found is not None:
+            raise InvariantViolation(found[0].name, f"{found[1]} (update_state refused)")
+
     def after_put(self, config: RunnableConfig, checkpoint: Mapping[str, Any],
                   metadata: Mapping[str, Any]) -> None:
         run_id = str(config["configurable"]["thread_id"])
@@ -313,11 +364,18 @@ class DropInObserver:
                 self._cond.notify_all()
         journal = self.core.journal
         if metadata.get("source") == "input":
-            journal.run_begin(run_id)
+            run = journal.run_get(run_id)
+            if run is None:
+                journal.run_begin(run_id)
+            elif isinstance(journal, TurnJournal) and turn_steps(journal, run_id, run):
+                # New input on a thread whose turn paused or was cut short: LangGraph starts
+                # from START again, so this is a new turn, and the old one is left as it is.
+                journal.run_next_turn(run_id)
+                return
             journal.run_set_status(run_id, RunStatus.RUNNING)
             return
-        if int(metadata.get("step", 0)) < 0 or self.mode(config) != "observe":
-            return
+        if live is None or int(metadata.get("step", 0)) < 0 or self.mode(config) != "observe":
+            return  # update_state() outside a run was checked before it was saved
         found = self.core.spec.first_violation(values)
         if found is None:
             return
@@ -326,7 +384,7 @@ class DropInObserver:
                 live.stopped = True
                 self._cond.notify_all()
         self._drain(run_id)
-        done = [s for s in journal.steps(run_id) if s.done_seq is not None]
+        done = [s for s in turn_steps(journal, run_id) if s.done_seq is not None]
         last = max(done, key=lambda s: s.done_seq or 0).node if done else None
         exc = InvariantViolation(found[0].name, found[1], node=last)
         report = self.core.unwind(run_id, self.core.cause_of(exc), fallback_state=values)
@@ -336,11 +394,14 @@ class DropInObserver:
     def after_put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                          task_id: str, task_path: str) -> None:
         node = task_path.rsplit(", ", 1)[-1] if task_path.startswith("~__pregel_pull") else ""
-        if not node or node.startswith("__") or any(c == _INTERRUPT for c, _ in writes):
-            return
         conf = config["configurable"]
         run_id = str(conf["thread_id"])
         live = self._runs.get(run_id) or _Run({}, {})
+        if any(c == _INTERRUPT for c, _ in writes):
+            live.paused = True
+            return
+        if not node or node.startswith("__"):
+            return
         journal, tags = self.core.journal, live.nodes.get(node, ())
         error = next((v for c, v in writes if c == _ERROR), None)
         observing = self.mode(config) == "observe"  # else the node wrappers journal the steps

@@ -83,6 +83,30 @@ class Journal(Protocol):
     def approvals(self, run_id: str) -> list[ApprovalRecord]: ...
 
 
+@runtime_checkable
+class TurnJournal(Protocol):
+    """A journal that keeps a thread's turns apart (optional; ``InMemoryJournal`` and
+    ``SqliteJournal`` do).
+
+    LangGraph's chat pattern invokes one thread once per user turn. Each turn is a saga of its
+    own: when a later turn fails, only its steps are undone, never those of a turn that
+    finished. ``step_start`` stamps each step with the run's current turn (``StepRecord.turn``).
+    Without this, a thread runs one saga only: a second turn is refused."""
+
+    def run_next_turn(self, run_id: str) -> RunRecord:
+        """Start the run's next turn, atomically: ``turn + 1``, status ``running``, no
+        error; return the run as it now is."""
+
+
+def turn_steps(journal: Journal, run_id: str, run: RunRecord | None = None) -> list[StepRecord]:
+    """The steps of the run's current turn (all of them for a journal without turns)."""
+    steps = journal.steps(run_id)
+    if run is None:
+        run = journal.run_get(run_id)
+    turn = run.turn if run is not None else 1
+    return [s for s in steps if s.turn == turn]
+
+
 class InMemoryJournal:
     """A thread-safe journal held in this process; the default, and the test double.
 
@@ -120,6 +144,13 @@ class InMemoryJournal:
                 run.error = error
             run.updated_at = time.time()
 
+    def run_next_turn(self, run_id: str) -> RunRecord:
+        with self._lock:
+            run = self._runs.setdefault(run_id, RunRecord(run_id))
+            run.turn += 1
+            run.status, run.error, run.updated_at = RunStatus.RUNNING, None, time.time()
+            return copy.copy(run)
+
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         now = time.time()
         with self._lock:
@@ -148,8 +179,10 @@ class InMemoryJournal:
         with self._lock:
             steps = self._steps.setdefault(run_id, {})
             prev = steps.get(step_id)
+            run = self._runs.get(run_id)
             step = StepRecord(run_id, step_id, node, tags,
-                              attempt=prev.attempt + 1 if prev else 1)
+                              attempt=prev.attempt + 1 if prev else 1,
+                              turn=run.turn if run is not None else 1)
             steps[step_id] = step
             return step, prev.status if prev else None
 

@@ -30,8 +30,8 @@ from enum import StrEnum
 from stateguard.exceptions import InvalidRunState
 from stateguard.records import RunStatus
 
-__all__ = ["LIVE", "REQUESTS", "SETTLED", "TRANSITIONS", "Action", "Transition", "allowed",
-           "check", "refusal"]
+__all__ = ["LIVE", "NEXT_TURN", "REQUESTS", "SETTLED", "TRANSITIONS", "Action", "Transition",
+           "allowed", "check", "refusal"]
 
 S = RunStatus
 
@@ -77,6 +77,12 @@ TRANSITIONS: dict[Action, Transition] = {
 SETTLED = frozenset({S.SUCCEEDED, S.COMPENSATED, S.NEEDS_ATTENTION, S.FAILED, S.PAUSED})
 # Statuses in which a worker holds (or held, if it died) the run.
 LIVE = TRANSITIONS[Action.RECOVER].sources
+
+
+# Statuses after which a thread's next invoke starts a new turn: a saga of its own (with a
+# journal that keeps turns apart). A failed, paused or needs-attention run is continued
+# (retry, approve, compensate, resolve) instead.
+NEXT_TURN = frozenset({S.SUCCEEDED, S.COMPENSATED})
 
 
 # What an operator asks of a worker; one such request at a time per run.

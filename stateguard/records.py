@@ -99,6 +99,9 @@ class RunRecord:
     lock_expires: float = 0.0
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    # A thread's turns (one invoke each) are sagas of their own: a turn that finished is
+    # settled, and an unwind undoes the steps of the current turn only.
+    turn: int = 1
 
 
 @dataclass(slots=True)
@@ -115,6 +118,7 @@ class StepRecord:
     update: Any = None  # what the node wrote
     state_after: Any = None  # the state with the node's writes applied
     error: ErrorInfo | None = None
+    turn: int = 1  # the run's turn when the step started
 
 
 @dataclass(slots=True)

@@ -28,11 +28,13 @@ from stateguard.exceptions import (
     SagaAborted,
 )
 from stateguard.instrument import INSTRUMENTED_KEY, NODE_ATTR, RUNNER_KEY, instrument, node_tags
-from stateguard.lifecycle import Action, check
+from stateguard.journal import TurnJournal, turn_steps
+from stateguard.lifecycle import NEXT_TURN, Action, check
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
     CompensationStatus,
+    RunRecord,
     RunStatus,
     RunView,
     StepRecord,
@@ -132,47 +134,73 @@ class GuardRunner:
         """Run ``graph`` as a new saga. Returns the output (with ``__interrupt__`` when paused
         for an approval); raises ``SagaAborted`` after unwinding when the run fails.
 
-        A thread runs one saga: invoking a thread that already ran raises ``InvalidRunState``
-        (continue it with ``approve``, ``retry`` or ``compensate`` instead; starting it again
-        from its input would repeat every effect)."""
+        Each invoke of a thread is a turn, a saga of its own: once a turn succeeded or was
+        compensated, the next invoke starts a new turn, and an unwind undoes that turn's steps
+        only. A turn that failed (held), paused or needs attention is continued with
+        ``approve``, ``retry`` or ``compensate`` instead (``InvalidRunState``). A turn paused by
+        the graph's own ``interrupt()`` is resumed with ``invoke(graph, Command(resume=...))``.
+        """
         run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):  # creates the run if it is new
-            self._start(run_id, config)
+            self._start(run_id, config, graph, input)
             return self._run(graph, input, config, kwargs)
 
     async def ainvoke(self, graph: Pregel[Any, Any, Any, Any], input: Any,
                       config: RunnableConfig, **kwargs: Any) -> Any:
         run_id = self._begin(graph, input, config, kwargs)
         with self.core.lease(run_id):
-            self._start(run_id, config)
+            self._start(run_id, config, graph, input)
             return await self._arun(graph, input, config, kwargs)
 
     def _begin(self, graph: Any, input: Any, config: RunnableConfig,
                kwargs: dict[str, Any]) -> str:
         self._check_graph(graph)
-        if isinstance(input, Command):
-            raise ConfigurationError("resume a paused run with guard.approve() or "
-                                     "guard.reject(), not with a Command")
         reserved = sorted(set(kwargs) & {"durability", "checkpoint_during", "config"})
         if reserved:
             raise ConfigurationError(f"the guard sets {reserved} itself")
         return run_id_of(config)
 
-    def _start(self, run_id: str, config: RunnableConfig) -> None:
+    def _start(self, run_id: str, config: RunnableConfig, graph: Pregel[Any, Any, Any, Any],
+               input: Any) -> None:
         run = self._run_record(run_id)
+        journal = self.core.journal
+        if isinstance(input, Command):
+            self._resume_interrupt(run, config, graph)
+            return
         # PENDING: queued by the web app; RUNNING with no step: just created by the lease. A
         # journal that writes step rows with the checkpoint may have lost the row of a step
         # that ran: there the thread must have no checkpoint either.
         if run.status == RunStatus.PENDING:
             self.core.set_status(run_id, RunStatus.RUNNING)
-        elif run.status != RunStatus.RUNNING or self.core.journal.steps(run_id) or (
-                getattr(self.core.journal, "defers_steps", False)
+        elif run.status in NEXT_TURN and isinstance(journal, TurnJournal):
+            # A later turn of a conversation: a saga of its own (the finished turn is settled).
+            journal.run_next_turn(run_id)
+            emit(self.core.on_event, Event("run.status", run_id,
+                                           data={"status": str(RunStatus.RUNNING)}))
+        elif run.status != RunStatus.RUNNING or turn_steps(journal, run_id, run) or (
+                getattr(journal, "defers_steps", False)
                 and self.saver.get_tuple(config) is not None):
             raise InvalidRunState(f"run {run_id!r} already ran ({run.status}); use approve, "
                                   "retry or compensate, or a new thread_id")
         else:  # already marked running: tell live views without writing it again
             emit(self.core.on_event, Event("run.status", run_id,
                                            data={"status": str(RunStatus.RUNNING)}))
+
+    def _resume_interrupt(self, run: RunRecord, config: RunnableConfig,
+                          graph: Pregel[Any, Any, Any, Any]) -> None:
+        """A turn paused by the graph's own ``interrupt()`` goes on with the user's answer; an
+        approval gate is decided by ``approve``/``reject`` only, never by a resume value."""
+        if run.status != RunStatus.PAUSED:
+            raise InvalidRunState(f"run {run.run_id!r} is {run.status}; only a paused run is "
+                                  "resumed with a Command")
+        paused = _paused(graph.get_state(config))
+        gated = sorted({a.node for a in self.core.journal.approvals(run.run_id)
+                        if a.step_id in paused and a.status == ApprovalStatus.PENDING})
+        if gated:
+            raise ConfigurationError(f"run {run.run_id!r} waits for the approval of {gated}: "
+                                     "decide it with guard.approve() or guard.reject(), not "
+                                     "with a Command")
+        self.core.set_status(run.run_id, RunStatus.RUNNING)
 
     def _run(self, graph: Pregel[Any, Any, Any, Any], input: Any, config: RunnableConfig,
              kwargs: dict[str, Any]) -> Any:

@@ -36,12 +36,12 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sg_runs (
     run_id TEXT PRIMARY KEY, status TEXT NOT NULL, error TEXT,
     lock_owner TEXT, lock_expires REAL NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL, updated_at REAL NOT NULL);
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, turn INTEGER NOT NULL DEFAULT 1);
 CREATE TABLE IF NOT EXISTS sg_steps (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL, tags TEXT NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, started_at REAL NOT NULL,
     finished_at REAL, done_seq INTEGER, update_json TEXT, state_after TEXT, error TEXT,
-    prev_status TEXT, PRIMARY KEY (run_id, step_id));
+    prev_status TEXT, turn INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, step_id));
 CREATE TABLE IF NOT EXISTS sg_compensations (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL,
     idempotency_key TEXT NOT NULL, status TEXT NOT NULL, triggered_by TEXT NOT NULL,
@@ -62,6 +62,9 @@ CREATE TABLE IF NOT EXISTS sg_effects (
 CREATE INDEX IF NOT EXISTS sg_effects_run ON sg_effects (run_id);
 CREATE INDEX IF NOT EXISTS sg_effects_undoes ON sg_effects (provider, undoes);
 """
+# Columns added since the first release, added to a file made before them.
+_ADDED_COLUMNS = (("sg_runs", "turn", "INTEGER NOT NULL DEFAULT 1"),
+                  ("sg_steps", "turn", "INTEGER NOT NULL DEFAULT 1"))
 _EFFECT_COLUMNS = ("run_id, step_id, node, provider, kind, external_id, amount, currency, "
                    "idempotency_key, undoes, status, recorded_at")
 
@@ -95,7 +98,12 @@ class SqliteJournal:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self._local = threading.local()
-        self._db().executescript(_SCHEMA)
+        db = self._db()
+        db.executescript(_SCHEMA)
+        with self._tx():
+            for table, column, kind in _ADDED_COLUMNS:
+                if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def _db(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
@@ -131,12 +139,12 @@ class SqliteJournal:
 
     def run_get(self, run_id: str) -> RunRecord | None:
         row = self._db().execute(
-            "SELECT status, error, lock_owner, lock_expires, created_at, updated_at"
+            "SELECT status, error, lock_owner, lock_expires, created_at, updated_at, turn"
             " FROM sg_runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             return None
         return RunRecord(run_id, RunStatus(row[0]), _error(row[1]), row[2], row[3], row[4],
-                         row[5])
+                         row[5], row[6])
 
     def run_set_status(self, run_id: str, status: RunStatus,
                        error: ErrorInfo | None = None) -> None:
@@ -149,6 +157,17 @@ class SqliteJournal:
                        " error = CASE WHEN ? THEN error ELSE ? END WHERE run_id = ?",
                        (status.value, now, keep_error, _dumps(error and error.to_dict()),
                         run_id))
+
+    def run_next_turn(self, run_id: str) -> RunRecord:
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
+                       " VALUES (?, ?, ?, ?)", (run_id, RunStatus.RUNNING.value, now, now))
+            db.execute("UPDATE sg_runs SET turn = turn + 1, status = ?, error = NULL,"
+                       " updated_at = ? WHERE run_id = ?", (RunStatus.RUNNING.value, now, run_id))
+        run = self.run_get(run_id)
+        assert run is not None
+        return run
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         now = time.time()
@@ -176,16 +195,18 @@ class SqliteJournal:
         step = StepRecord(run_id, step_id, node, tuple(tags))
         # One statement: SET expressions see the old row, so prev_status keeps the status the
         # step had before this start (STARTED means a previous run of it never finished).
+        # The step belongs to the run's current turn (a step started again keeps its turn).
         row = self._db().execute(
-            "INSERT INTO sg_steps (run_id, step_id, node, tags, status, attempt, started_at)"
-            " VALUES (?, ?, ?, ?, ?, 1, ?) ON CONFLICT (run_id, step_id) DO UPDATE SET"
+            "INSERT INTO sg_steps (run_id, step_id, node, tags, status, attempt, started_at,"
+            " turn) VALUES (?, ?, ?, ?, ?, 1, ?, COALESCE((SELECT turn FROM sg_runs"
+            " WHERE run_id = ?), 1)) ON CONFLICT (run_id, step_id) DO UPDATE SET"
             " prev_status = status, status = excluded.status, attempt = attempt + 1,"
             " started_at = excluded.started_at, finished_at = NULL, done_seq = NULL,"
             " update_json = NULL, state_after = NULL, error = NULL"
-            " RETURNING attempt, prev_status",
+            " RETURNING attempt, prev_status, turn",
             (run_id, step_id, node, json.dumps(list(tags)), step.status.value,
-             step.started_at)).fetchone()
-        step.attempt = row[0]
+             step.started_at, run_id)).fetchone()
+        step.attempt, step.turn = row[0], row[2]
         return step, StepStatus(row[1]) if row[1] else None
 
     def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
@@ -201,10 +222,10 @@ class SqliteJournal:
     def steps(self, run_id: str) -> list[StepRecord]:
         rows = self._db().execute(
             "SELECT step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
-            " update_json, state_after, error FROM sg_steps WHERE run_id = ?"
+            " update_json, state_after, error, turn FROM sg_steps WHERE run_id = ?"
             " ORDER BY started_at", (run_id,)).fetchall()
         return [StepRecord(run_id, r[0], r[1], tuple(json.loads(r[2])), StepStatus(r[3]), r[4],
-                           r[5], r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]))
+                           r[5], r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]), r[11])
                 for r in rows]
 
     # -- compensations ----------------------------------------------------------------------

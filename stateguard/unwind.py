@@ -20,7 +20,7 @@ from typing import Any
 from stateguard.context import ExceptionContext, InvariantInfo, idempotency_key
 from stateguard.effects import recording
 from stateguard.events import Event, EventCallback, EventType, emit
-from stateguard.journal import Journal
+from stateguard.journal import Journal, turn_steps
 from stateguard.records import (
     DONE_COMPENSATIONS,
     EFFECT_STATUSES,
@@ -62,8 +62,10 @@ def plan(journal: Journal, run_id: str, spec: GuardSpec, *, include_in_doubt: bo
     Unknown: a step left "started" by a dead process (with ``include_in_doubt``), and a step
     that failed but whose compensation is ``in_doubt_safe``. A body can raise after its effect
     happened (the provider charged the card, and its answer was lost); a compensation that
-    checks before it acts costs nothing when there was no effect, and catches that one."""
-    steps = journal.steps(run_id)
+    checks before it acts costs nothing when there was no effect, and catches that one.
+
+    Only the run's current turn is undone: an earlier turn of the thread finished, settled."""
+    steps = turn_steps(journal, run_id)
     done = sorted((s for s in steps if s.status in EFFECT_STATUSES),
                   key=lambda s: s.done_seq or 0, reverse=True)
 

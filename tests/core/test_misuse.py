@@ -47,15 +47,18 @@ def test_it_keeps_the_gate_closed_when_resumed_with_a_command() -> None:
     assert effects == ["a", "b", "c"]
 
 
-def test_it_refuses_to_start_a_thread_that_already_ran() -> None:
+def test_it_refuses_a_new_turn_on_a_thread_whose_turn_is_held_failed() -> None:
+    # A held turn waits for an operator (retry or compensate); a new turn from the input would
+    # leave its effects behind. (A turn that succeeded or was compensated is settled: the
+    # next invoke is a new turn, see test_threads.)
     effects: list[str] = []
-    guard = StateGuardCheckpointer(compensations={"a": undo(effects, "a")})
+    guard = StateGuardCheckpointer(compensations={"a": undo(effects, "a")}, on_error="hold")
     graph = guard.compile(line_builder(NODES, effects))
-    with pytest.raises(SagaAborted):
+    with pytest.raises(ValueError):
         guard.invoke(graph, {"fail_at": "c"}, config("again"))
     with pytest.raises(InvalidRunState, match="already ran"):
         guard.invoke(graph, {}, config("again"))
-    assert effects == ["a", "b", "undo:a"]
+    assert effects == ["a", "b"]
 
 
 def test_it_does_not_unwind_when_the_call_itself_is_wrong() -> None:
@@ -95,17 +98,24 @@ def test_it_refuses_to_resume_over_a_step_in_doubt_unless_forced() -> None:
     assert guard.status("doubt").in_doubt[0].status == StepStatus.STARTED
 
 
-def test_it_refuses_to_continue_an_unwound_drop_in_thread() -> None:
+def test_it_refuses_to_continue_a_drop_in_thread_that_needs_attention() -> None:
+    # Its effect could not be undone: an operator settles it first. (A compensated turn is
+    # settled: the next invoke is a new turn, see test_threads.)
     effects: list[str] = []
-    guard = StateGuardCheckpointer(compensations={"a": undo(effects, "a")})
+
+    def refund_down(state: Any, ctx: Any) -> bool:
+        raise ConnectionError("refunds down")
+
+    guard = StateGuardCheckpointer(compensations={"a": refund_down},
+                                   compensation_retry=CompensationRetry(attempts=1))
     graph = line_builder(NODES, effects).compile(checkpointer=guard)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError):
             graph.invoke({"fail_at": "c"}, config("dropin-again"))
-        with pytest.raises(InvalidRunState, match="new thread_id"):
+        with pytest.raises(InvalidRunState, match="needs_attention"):
             graph.invoke(None, config("dropin-again"))
-    assert effects == ["a", "b", "undo:a"]
+    assert effects == ["a", "b"]
     graph.get_state(config("dropin-again"))  # reading the state is still fine
 
 

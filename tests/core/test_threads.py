@@ -1,0 +1,202 @@
+"""Threads and turns: LangGraph's chat pattern invokes one thread once per user turn, and each
+turn is a saga of its own (issue 12, items 6-8), in both forms, on an in-memory and a SQLite
+saver and journal."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+
+from stateguard import (
+    InMemoryJournal,
+    InvariantViolation,
+    RunStatus,
+    SagaAborted,
+    SqliteJournal,
+    StateGuardCheckpointer,
+)
+from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
+
+NODES = ["charge", "ship"]
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A saver and a journal: both in memory, or both in SQLite files."""
+    if request.param == "memory":
+        yield {"saver": InMemorySaver(), "journal": InMemoryJournal()}
+        return
+    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
+    try:
+        yield {"saver": SqliteSaver(conn), "journal": SqliteJournal(tmp_path / "journal.db")}
+    finally:
+        conn.close()
+
+
+def guard_for(stores: dict[str, Any], effects: list[str], **kwargs: Any
+              ) -> StateGuardCheckpointer:
+    return StateGuardCheckpointer(stores["saver"], journal=stores["journal"],
+                                  compensations={"charge": undo(effects, "charge")},
+                                  compensation_retry=FAST_RETRY, **kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the drop-in's durability warning
+        yield
+
+
+def test_it_undoes_only_the_failing_turn_in_the_drop_in_form(stores: dict[str, Any]) -> None:
+    effects: list[str] = []
+    guard = guard_for(stores, effects)
+    graph = line_builder(NODES, effects).compile(checkpointer=guard)
+
+    graph.invoke({"fail_at": ""}, config("chat"))
+    assert guard.status("chat").run.status == RunStatus.SUCCEEDED  # the turn is settled
+    with pytest.raises(ValueError, match="ship failed") as caught:
+        graph.invoke({"fail_at": "ship"}, config("chat"))
+
+    # Turn 1's charge is kept: only turn 2's is refunded.
+    assert effects == ["charge", "ship", "charge", "undo:charge"]
+    report = caught.value.stateguard_report  # type: ignore[attr-defined]
+    assert [(o.node, str(o.status)) for o in report.outcomes] == [("charge", "succeeded")]
+    view = guard.status("chat")
+    assert (view.run.status, view.run.turn) == (RunStatus.COMPENSATED, 2)
+    assert sorted((s.turn, s.node) for s in view.steps) == [
+        (1, "charge"), (1, "ship"), (2, "charge"), (2, "ship")]
+
+    # A third turn after the compensated one is a saga of its own again.
+    effects.clear()
+    assert graph.invoke({"fail_at": ""}, config("chat"))["log"][-2:] == NODES
+    assert effects == ["charge", "ship"]
+    assert guard.status("chat").run.status == RunStatus.SUCCEEDED
+
+
+def test_it_runs_a_later_turn_and_undoes_only_it_in_the_guarded_form(
+        stores: dict[str, Any]) -> None:
+    effects: list[str] = []
+    guard = guard_for(stores, effects)
+    graph = guard.compile(line_builder(NODES, effects))
+
+    guard.invoke(graph, {"fail_at": ""}, config("chat"))
+    with pytest.raises(SagaAborted) as caught:
+        guard.invoke(graph, {"fail_at": "ship"}, config("chat"))
+
+    assert effects == ["charge", "ship", "charge", "undo:charge"]
+    assert caught.value.report.compensated == ["charge"]
+    assert guard.status("chat").run.status == RunStatus.COMPENSATED
+
+    out = guard.invoke(graph, {"fail_at": ""}, config("chat"))  # a third turn
+    assert out["log"] == ["charge", "ship", "charge", "charge", "ship"]
+    assert guard.status("chat").run.status == RunStatus.SUCCEEDED
+    assert guard.status("chat").run.turn == 3
+
+
+def no_negative_balance(state: dict[str, Any]) -> bool:
+    return state.get("balance", 0) >= 0
+
+
+def test_it_refuses_an_update_state_that_breaks_an_invariant_without_unwinding(
+        stores: dict[str, Any]) -> None:
+    effects: list[str] = []
+    guard = guard_for(stores, effects, invariants=[no_negative_balance])
+    graph = line_builder(NODES, effects).compile(checkpointer=guard)
+    graph.invoke({"balance": 10}, config("done"))
+
+    with pytest.raises(InvariantViolation, match="update_state") as caught:
+        graph.update_state(config("done"), {"balance": -5})
+
+    assert caught.value.node is None  # no node is blamed
+    assert effects == ["charge", "ship"]  # the finished run's charge is kept
+    assert guard.status("done").run.status == RunStatus.SUCCEEDED
+    assert graph.get_state(config("done")).values["balance"] == 10  # not saved
+    graph.update_state(config("done"), {"balance": 3})  # a valid update goes through
+    assert graph.get_state(config("done")).values["balance"] == 3
+
+
+def test_it_resumes_after_a_compensated_failure_once_the_state_is_fixed(
+        stores: dict[str, Any]) -> None:
+    # Plain LangGraph: fix the state with update_state, then invoke(None) runs the failed node
+    # again. Through the drop-in that is a new turn, unwound on its own if it fails.
+    effects: list[str] = []
+    guard = guard_for(stores, effects)
+    graph = line_builder(NODES, effects).compile(checkpointer=guard)
+    with pytest.raises(ValueError):
+        graph.invoke({"fail_at": "ship"}, config("fix"), durability="sync")
+    assert effects == ["charge", "undo:charge"]
+
+    graph.update_state(config("fix"), {"fail_at": ""})
+    out = graph.invoke(None, config("fix"), durability="sync")
+
+    assert out["log"] == ["charge", "ship"]
+    assert effects == ["charge", "undo:charge", "ship"]
+    assert guard.status("fix").run.status == RunStatus.SUCCEEDED
+
+
+def ask_builder(effects: list[str]) -> StateGraph[Any, Any, Any, Any]:
+    """``charge``, then ``confirm``, which asks the user with interrupt(), then ``ship``."""
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(LineState)
+
+    def charge(state: dict[str, Any]) -> dict[str, Any]:
+        effects.append("charge")
+        return {"log": ["charge"]}
+
+    def confirm(state: dict[str, Any]) -> dict[str, Any]:
+        answer = interrupt({"question": "ship it?"})
+        if answer != "yes":
+            raise ValueError(f"user said {answer!r}")
+        return {"log": ["confirm"]}
+
+    builder.add_node("charge", charge)
+    builder.add_node("confirm", confirm)
+    builder.add_node("ship", lambda s: effects.append("ship") or {"log": ["ship"]})
+    builder.add_edge(START, "charge")
+    builder.add_edge("charge", "confirm")
+    builder.add_edge("confirm", "ship")
+    builder.add_edge("ship", END)
+    return builder
+
+
+@pytest.mark.parametrize("answer", ["yes", "no"])
+def test_it_resumes_a_users_own_interrupt_through_the_runner(
+        stores: dict[str, Any], answer: str) -> None:
+    effects: list[str] = []
+    guard = guard_for(stores, effects)
+    graph = guard.compile(ask_builder(effects))
+    out = guard.invoke(graph, {}, config("ask"))
+    assert "__interrupt__" in out
+    assert guard.status("ask").run.status == RunStatus.PAUSED
+
+    if answer == "yes":
+        out = guard.invoke(graph, Command(resume="yes"), config("ask"))
+        assert out["log"] == ["charge", "confirm", "ship"]
+        assert effects == ["charge", "ship"]
+        assert guard.status("ask").run.status == RunStatus.SUCCEEDED
+    else:
+        with pytest.raises(SagaAborted, match="user said 'no'"):
+            guard.invoke(graph, Command(resume="no"), config("ask"))
+        assert effects == ["charge", "undo:charge"]  # the same turn: its charge is undone
+        assert guard.status("ask").run.status == RunStatus.COMPENSATED
+
+
+def test_it_marks_a_drop_in_turn_paused_by_interrupt_and_resumes_it_in_the_same_turn(
+        stores: dict[str, Any]) -> None:
+    effects: list[str] = []
+    guard = guard_for(stores, effects)
+    graph = ask_builder(effects).compile(checkpointer=guard)
+    graph.invoke({}, config("ask"))
+    assert guard.status("ask").run.status == RunStatus.PAUSED
+
+    with pytest.raises(ValueError, match="user said"):
+        graph.invoke(Command(resume="no"), config("ask"))
+    assert effects == ["charge", "undo:charge"]  # charge was of this turn
