@@ -23,6 +23,7 @@ from stateguard.exceptions import ConfigurationError
 from stateguard.journal import Journal
 from stateguard.retry import CompensationRetry
 from stateguard.runner import GuardRunner, OnError
+from stateguard.tool_policy import OnToolError
 
 
 class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
@@ -59,7 +60,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
                  approvals: Iterable[str] | Mapping[str, Any] | None = None,
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
-                 on_error: OnError = "compensate",
+                 on_error: OnError = "compensate", on_tool_error: OnToolError = "auto",
                  lease_ttl: float = 60.0, lease_heartbeat: float | None = None) -> None:
         if saver is None:
             saver = InMemorySaver()
@@ -80,7 +81,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         self.core = GuardCore(invariants=invariants, compensations=compensations,
                               approvals=approvals, compensation_retry=compensation_retry,
                               journal=journal, on_event=on_event, lease_ttl=lease_ttl,
-                              lease_heartbeat=lease_heartbeat)
+                              lease_heartbeat=lease_heartbeat, on_tool_error=on_tool_error)
         self.on_error = on_error
         self._observer = DropInObserver(self.core)
 

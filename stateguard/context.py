@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stateguard.records import ErrorInfo
+from stateguard.tool_calls import ToolCall
 
 
 def idempotency_key(run_id: str, step_id: str) -> str:
@@ -24,6 +25,13 @@ class InvariantInfo:
 @dataclass(frozen=True, slots=True)
 class ExceptionContext:
     """Passed to every compensation as ``fn(state, ctx)``.
+
+    A tool call's compensation (keyed by the tool's name) reads the call in ``ctx.tool_call``::
+
+        def refund_charge_card(state, ctx):
+            charge_id = ctx.tool_call.result["charge_id"]   # what charge_card returned
+            stripe.Refund.create(charge=charge_id, idempotency_key=ctx.idempotency_key)
+            return True
 
     Example::
 
@@ -46,6 +54,8 @@ class ExceptionContext:
     error: ErrorInfo | None = None
     invariant: InvariantInfo | None = None
     in_doubt: bool = False  # the step started but its outcome is unknown (the process died)
+    # When the step is a tool call: its id, name, arguments and result (content, artifact).
+    tool_call: ToolCall | None = None
 
     @property
     def thread_id(self) -> str:

@@ -31,6 +31,7 @@ from stateguard.spec import (
     build_compensations,
     build_invariants,
 )
+from stateguard.tool_policy import build_tool_error_policy
 from stateguard.unwind import Cause, aunwind, unwind
 
 logger = logging.getLogger("stateguard")
@@ -42,7 +43,8 @@ class GuardCore:
                  approvals: Iterable[str] | Mapping[str, Any] | None = None,
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
-                 lease_ttl: float = 60.0, lease_heartbeat: float | None = None) -> None:
+                 lease_ttl: float = 60.0, lease_heartbeat: float | None = None,
+                 on_tool_error: Any = "auto") -> None:
         if compensation_retry is not None and not isinstance(compensation_retry,
                                                              CompensationRetry):
             raise ConfigurationError("compensation_retry must be a CompensationRetry")
@@ -57,7 +59,8 @@ class GuardCore:
         if not isinstance(lease_heartbeat, (int, float)) or not 0 < lease_heartbeat < lease_ttl:
             raise ConfigurationError("lease_heartbeat must be positive and below lease_ttl")
         self.spec = GuardSpec(build_invariants(invariants), build_compensations(compensations),
-                              build_approvals(approvals), compensation_retry or CompensationRetry())
+                              build_approvals(approvals), compensation_retry or CompensationRetry(),
+                              build_tool_error_policy(on_tool_error))
         self.journal: Journal = journal if journal is not None else InMemoryJournal()
         self.on_event = on_event
         self.lease_ttl = float(lease_ttl)

@@ -53,6 +53,7 @@ from stateguard.lifecycle import NEXT_TURN
 from stateguard.records import RunStatus, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.state import apply_update, is_internal_channel, state_values
+from stateguard.tools import install, tool_nodes, tools_of
 
 _ERROR, _INTERRUPT = "__error__", "__interrupt__"
 _ABORTED = frozenset({RunStatus.COMPENSATING, RunStatus.COMPENSATED, RunStatus.NEEDS_ATTENTION})
@@ -297,7 +298,10 @@ class DropInObserver:
         if known is None:
             nodes = {name: node_tags(node.metadata) for name, node in graph.nodes.items()
                      if not name.startswith("__")}
-            self.core.spec.validate_names(nodes)
+            with_tools = tool_nodes({name: node.bound for name, node in graph.nodes.items()})
+            self.core.spec.validate_names(nodes, tools_of(with_tools))
+            for tool_node in with_tools.values():
+                install(tool_node, graph.channels)  # tool calls are steps (stateguard.tools)
             known = (nodes, graph.channels)
             with self._cond:
                 self._graphs[graph] = known
@@ -391,6 +395,22 @@ class DropInObserver:
         attach_report(exc, report)
         raise exc
 
+    def _send_failed(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]]) -> None:
+        """A ``Send`` task's error unwinds the run like a node's (v2 agents run each tool call
+        as a ``Send`` task). Its path names no node; the tool-call wrapper journaled its step
+        and named the tool on the error."""
+        error = next((v for c, v in writes if c == _ERROR), None)
+        if error is None or self.mode(config) is None:
+            return
+        if not isinstance(error, BaseException):
+            error = RuntimeError(str(error))
+        conf = config["configurable"]
+        run_id = str(conf["thread_id"])
+        self._drain(run_id)
+        report = self.core.unwind(run_id, self.core.cause_of(error),
+                                  fallback_state=self._state_of(run_id, conf.get("checkpoint_id")))
+        attach_report(error, report)
+
     def after_put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                          task_id: str, task_path: str) -> None:
         node = task_path.rsplit(", ", 1)[-1] if task_path.startswith("~__pregel_pull") else ""
@@ -399,6 +419,9 @@ class DropInObserver:
         live = self._runs.get(run_id) or _Run({}, {})
         if any(c == _INTERRUPT for c, _ in writes):
             live.paused = True
+            return
+        if not node and task_path.startswith("~__pregel_push"):
+            self._send_failed(config, writes)
             return
         if not node or node.startswith("__"):
             return

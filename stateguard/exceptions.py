@@ -9,6 +9,7 @@ The tree::
     ├── InvalidRunState (RuntimeError)    the operator action does not fit the run's status
     ├── InvariantViolation (RuntimeError) an invariant failed after (or before) a node
     ├── ApprovalRejected (RuntimeError)   an operator rejected a gated step
+    ├── ToolCallFailed (RuntimeError)     a tool error the model was told of unwinds the run
     ├── CompensationFailed                a compensation failed on every attempt
     └── SagaAborted (RuntimeError)        the run stopped and was unwound; carries the report
 
@@ -74,6 +75,20 @@ class ApprovalRejected(StateGuardError, RuntimeError):
         who = f" by {by}" if by else ""
         why = f": {reason}" if reason else ""
         super().__init__(f"approval of node {node!r} rejected{who}{why}")
+
+
+class ToolCallFailed(StateGuardError, RuntimeError):
+    """A tool call failed and ``ToolNode`` told the model (``handle_tool_errors``), but the
+    guard's ``on_tool_error`` policy unwinds the run instead: its node fails with this."""
+
+    def __init__(self, tool: str, tool_call_id: str, message: str) -> None:
+        self.tool = tool
+        self.tool_call_id = tool_call_id
+        self.message = message
+        super().__init__(f"tool call {tool!r} ({tool_call_id}) failed: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.tool, self.tool_call_id, self.message))
 
 
 class CompensationFailed(StateGuardError):

@@ -38,6 +38,7 @@ INSTRUMENTED_KEY = "__stateguard_instrumented"
 # Marks a run driven by the guard's runner (guard.invoke & co.), which unwinds by itself.
 RUNNER_KEY = "__stateguard_runner"
 _TASK_ID_KEY = "__pregel_task_id"
+_READ_STATE_KEY = "__pregel_read_state"
 NODE_ATTR = "stateguard_node"  # set on exceptions raised by a node, naming it
 
 
@@ -53,8 +54,13 @@ def instrument(builder: Builder, core: GuardCore) -> Builder:
     """A shallow copy of ``builder`` whose nodes are wrapped; the caller's builder is untouched."""
     from langgraph._internal._runnable import RunnableCallable
 
+    from stateguard.tools import install, tool_nodes, tools_of
+
     nodes = {name: tuple(node_tags(spec.metadata)) for name, spec in builder.nodes.items()}
-    core.spec.validate_names(nodes)
+    with_tools = tool_nodes({name: spec.runnable for name, spec in builder.nodes.items()})
+    core.spec.validate_names(nodes, tools_of(with_tools))
+    for tool_node in with_tools.values():
+        install(tool_node, builder.channels)  # tool calls are steps (stateguard.tools)
     guarded = copy.copy(builder)
     guarded.nodes = {}
     for name, spec in builder.nodes.items():
@@ -95,7 +101,7 @@ class _NodeWrapper:
     def _before(self, state: Any, config: RunnableConfig) -> tuple[str, str, dict[str, Any]]:
         conf = config.get("configurable", {})
         run_id, step_id = str(conf["thread_id"]), str(conf[_TASK_ID_KEY])
-        values = as_dict(state)
+        values = _graph_state(state, conf)
         core = self.core
         if self.approval is not False:
             self._gate(run_id, step_id, values)
@@ -118,28 +124,7 @@ class _NodeWrapper:
         predicate = self.approval
         if callable(predicate) and not predicate(values):
             return
-        journal = self.core.journal
-        approval = journal.approval_request(ApprovalRecord(
-            run_id, step_id, self.name, payload={"node": self.name, "state": values}))
-        if approval.status == ApprovalStatus.APPROVED:
-            return
-        if approval.status == ApprovalStatus.REJECTED:
-            raise _tag(ApprovalRejected(self.name, by=approval.decided_by,
-                                        reason=approval.reason), self.name)
-        emit(self.core.on_event, Event("approval.requested", run_id, self.name, step_id,
-                                       {"payload": approval.payload}))
-        request = {"stateguard": "approval", "run_id": run_id, "node": self.name,
-                   "step_id": step_id}
-        interrupt(request)
-        # Reached only when someone resumed the graph with Command(resume=...) instead of
-        # guard.approve(): the journal, not the resume value, decides.
-        decided = next((a for a in journal.approvals(run_id) if a.step_id == step_id), approval)
-        if decided.status == ApprovalStatus.APPROVED:
-            return
-        if decided.status == ApprovalStatus.REJECTED:
-            raise _tag(ApprovalRejected(self.name, by=decided.decided_by,
-                                        reason=decided.reason), self.name)
-        interrupt({**request, "still_pending": True})  # pauses again: no second resume value
+        approval_gate(self.core, run_id, step_id, self.name, {"node": self.name, "state": values})
 
     def _failed(self, run_id: str, step_id: str, exc: BaseException) -> None:
         if isinstance(exc, GraphBubbleUp):  # the node paused itself; it will run again
@@ -183,6 +168,45 @@ class _NodeWrapper:
         emit(core.on_event, Event("invariant.violated", run_id, self.name, step_id,
                                   {"invariant": invariant.name, "message": message}))
         raise _tag(exc, self.name)
+
+
+def approval_gate(core: GuardCore, run_id: str, step_id: str, name: str,
+                  payload: dict[str, Any]) -> None:
+    """Pause before the step ``step_id`` (a node, or one tool call) until its approval is
+    decided; return if approved, raise ``ApprovalRejected`` if rejected. ``payload`` is what
+    the operator sees."""
+    journal = core.journal
+    approval = journal.approval_request(ApprovalRecord(run_id, step_id, name, payload=payload))
+    if approval.status == ApprovalStatus.APPROVED:
+        return
+    if approval.status == ApprovalStatus.REJECTED:
+        raise _tag(ApprovalRejected(name, by=approval.decided_by, reason=approval.reason), name)
+    emit(core.on_event, Event("approval.requested", run_id, name, step_id,
+                              {"payload": approval.payload}))
+    request = {"stateguard": "approval", "run_id": run_id, "node": name, "step_id": step_id}
+    interrupt(request)
+    # Reached only when someone resumed the graph with Command(resume=...) instead of
+    # guard.approve(): the journal, not the resume value, decides.
+    decided = next((a for a in journal.approvals(run_id) if a.step_id == step_id), approval)
+    if decided.status == ApprovalStatus.APPROVED:
+        return
+    if decided.status == ApprovalStatus.REJECTED:
+        raise _tag(ApprovalRejected(name, by=decided.decided_by, reason=decided.reason), name)
+    interrupt({**request, "still_pending": True})  # pauses again: no second resume value
+
+
+def _graph_state(state: Any, conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The graph's state as this node sees it. A ``Send`` task's input is the ``Send``'s
+    payload (v2 agents send a tool call), not the state invariants and compensations are
+    written for; LangGraph gives only ``Send`` tasks a reader of the state the node would get
+    from an edge (the internal ``__pregel_read_state``)."""
+    read_state = conf.get(_READ_STATE_KEY)
+    if callable(read_state):
+        try:
+            return as_dict(read_state())
+        except Exception:  # LangGraph's reader moved: judge the payload, as before
+            pass
+    return as_dict(state)
 
 
 def _tag(exc: BaseException, node: str) -> BaseException:

@@ -91,6 +91,17 @@ def _split_output(out: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]
     return paused, {k: v for k, v in out.items() if k != "__interrupt__"}
 
 
+def _builder_of(graph: Any) -> Any:
+    """The builder of a compiled graph, else ``graph`` itself."""
+    built = getattr(graph, "builder", None) if isinstance(graph, Pregel) else None
+    return built if isinstance(built, StateGraph) else graph
+
+
+def _task_of(step_id: str) -> str:
+    """The LangGraph task a step ran in: a tool call's step id is ``<task id>:<call id>``."""
+    return step_id.split(":", 1)[0]
+
+
 def _runner_config(config: RunnableConfig) -> RunnableConfig:
     return {**config, "configurable": {**config.get("configurable", {}), RUNNER_KEY: True}}
 
@@ -104,15 +115,20 @@ class GuardRunner:
     def instrument(self, builder: StateGraph[Any, Any, Any, Any]
                    ) -> StateGraph[Any, Any, Any, Any]:
         """A copy of ``builder`` with every node wrapped (see ``stateguard.instrument``)."""
+        builder = _builder_of(builder)
         if not isinstance(builder, StateGraph):
             raise ConfigurationError(f"expected a StateGraph builder, got {builder!r}")
         return instrument(builder, self.core)
 
     def compile(self, builder: StateGraph[Any, Any, Any, Any], **kwargs: Any
                 ) -> Pregel[Any, Any, Any, Any]:
-        """Instrument ``builder`` and compile it with this checkpointer and sync durability."""
+        """Instrument ``builder`` and compile it with this checkpointer and sync durability.
+
+        A compiled graph (``create_react_agent(...)`` returns one) is compiled again from its
+        builder; pass the compile options it needs (``store=``, ``name=``...) here."""
         if "checkpointer" in kwargs:
             raise ConfigurationError("compile() sets the checkpointer itself")
+        builder = _builder_of(builder)
         graph = self.instrument(builder).compile(checkpointer=self, **kwargs)  # type: ignore[arg-type]
         # When the output is the whole state and only interrupt() pauses the graph, the run's
         # end can be judged from the output, saving a checkpoint read per run.
@@ -318,7 +334,7 @@ class GuardRunner:
         its request, atomically, and leaves the resuming to a worker): then it is carried out
         as decided, and a different decision is refused."""
         matching = [a for a in self.core.journal.approvals(run_id)
-                    if a.step_id in paused and node in (None, a.node)
+                    if _task_of(a.step_id) in paused and node in (None, a.node)
                     and step_id in (None, a.step_id)]
         what = f" for node {node!r}" if node else ""
         pending = [a for a in matching if a.status == ApprovalStatus.PENDING]
@@ -522,7 +538,7 @@ class GuardRunner:
         pending, every other task of it having run: the run had paused for an operator. (A
         gate whose approval was given since is not waiting: its body may have started.)"""
         snapshot = graph.get_state(config)
-        pending = {a.step_id for a in self.core.journal.approvals(run_id)
+        pending = {_task_of(a.step_id) for a in self.core.journal.approvals(run_id)
                    if a.status == ApprovalStatus.PENDING}
         gates = [t for t in snapshot.tasks if t.interrupts]
         return bool(gates) and all(t.id in pending for t in gates) and all(

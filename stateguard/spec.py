@@ -137,6 +137,18 @@ class GuardSpec:
     compensations: dict[str, Compensation]
     approvals: dict[str, ApprovalPredicate | None]
     retry: CompensationRetry
+    # What a tool error that ToolNode told the model does (stateguard.tools): "auto",
+    # "compensate" or "model", or a mapping of tool name or tag to one of them.
+    on_tool_error: str | Mapping[str, str] = "auto"
+
+    def tool_error_policy(self, tool: str, tags: Iterable[str] = ()) -> str:
+        policy = self.on_tool_error
+        if isinstance(policy, str):
+            return policy
+        for key in (tool, *tags):
+            if key in policy:
+                return policy[key]
+        return "auto"
 
     def compensation_for(self, node: str, tags: Iterable[str] = ()) -> Compensation | None:
         found = self.compensations.get(node)
@@ -154,15 +166,29 @@ class GuardSpec:
                 return invariant, message
         return None
 
-    def validate_names(self, nodes: Mapping[str, Iterable[str]]) -> None:
-        """Fail if a compensation or approval names neither a node nor a tag of ``nodes``."""
+    def validate_names(self, nodes: Mapping[str, Iterable[str]],
+                       tools: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Fail if a compensation or approval names no node, tool or tag of the graph
+        (``nodes`` and ``tools``: name -> tags; tools are those its ToolNodes can call)."""
+        tools = tools or {}
         tags = {tag for node_tags in nodes.values() for tag in node_tags}
-        unknown = sorted(k for k in self.compensations if k not in nodes and k not in tags)
+        tool_tags = {tag for tags_ in tools.values() for tag in tags_}
+        known = f"nodes are {sorted(nodes)}, tags are {sorted(tags)}"
+        if tools:
+            known += f", tools are {sorted(tools)}, tool tags are {sorted(tool_tags)}"
+        unknown = sorted(k for k in self.compensations
+                         if k not in nodes and k not in tags and k not in tools
+                         and k not in tool_tags)
         if unknown:
             raise ConfigurationError(
-                f"compensations name no node or tag of the graph: {unknown}; "
-                f"nodes are {sorted(nodes)}, tags are {sorted(tags)}")
-        unknown = sorted(k for k in self.approvals if k not in nodes)
+                f"compensations name no node, tool or tag of the graph: {unknown}; {known}")
+        unknown = sorted(k for k in self.approvals if k not in nodes and k not in tools)
         if unknown:
             raise ConfigurationError(
-                f"approvals name no node of the graph: {unknown}; nodes are {sorted(nodes)}")
+                f"approvals name no node or tool of the graph: {unknown}; {known}")
+        if not isinstance(self.on_tool_error, str):
+            unknown = sorted(k for k in self.on_tool_error
+                             if k not in tools and k not in tool_tags)
+            if unknown:
+                raise ConfigurationError(
+                    f"on_tool_error names no tool or tool tag of the graph: {unknown}; {known}")

@@ -35,6 +35,7 @@ from stateguard.records import (
 from stateguard.report import CompensationOutcome, UnwindReport
 from stateguard.retry import CompensationRetry
 from stateguard.spec import Compensation, GuardSpec
+from stateguard.tool_calls import tool_call_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,8 @@ class _Unwinder:
                 continue
             while attempt.status == CompensationStatus.RUNNING:
                 self.check()
-                yield attempt, self._context(attempt), self._state_for(item.step)
+                state = self._state_for(item.step)
+                yield attempt, self._context(attempt, state), state
             self._finish(item.step, attempt.status, attempt.attempts)
 
     def _keep(self, item: _Planned, record: CompensationRecord | None) -> None:
@@ -173,14 +175,15 @@ class _Unwinder:
             return None
         return _Attempting(item, comp.fn, record, comp.retry or self.spec.retry, attempts)
 
-    def _context(self, attempt: _Attempting) -> ExceptionContext:
+    def _context(self, attempt: _Attempting, state: Any) -> ExceptionContext:
         step = attempt.item.step
         return ExceptionContext(
             run_id=self.run_id, node=step.node, step_id=step.step_id,
             step_result=step.update, attempt=len(attempt.attempts) + 1,
             idempotency_key=attempt.record.idempotency_key, reason=self.cause.reason,
             failed_node=self.cause.failed_node, error=self.cause.error,
-            invariant=self.cause.invariant, in_doubt=attempt.item.in_doubt)
+            invariant=self.cause.invariant, in_doubt=attempt.item.in_doubt,
+            tool_call=tool_call_of(step, state))
 
     def _state_for(self, step: StepRecord) -> Any:
         if step.state_after is not None:

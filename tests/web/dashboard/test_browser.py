@@ -20,7 +20,7 @@ import pytest
 import stripe
 
 from stateguard_web.sagas import services
-from stateguard_web.sagas.models import Approval, Compensation, Run, Step
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.web.api.test_end_to_end import Server, stack  # noqa: F401  (stack: a fixture)
 from tests.web.api.world import make_user
 from tests.web.conftest import ROOT, Workers, wait_for
@@ -65,6 +65,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def people(transactional_db: None) -> dict[str, Any]:
     return {"olivia": make_user("olivia", "operator", password=PASSWORD),
+            "vera": make_user("vera", "viewer", password=PASSWORD),
             "shop": make_user("shop", "submitter")}
 
 
@@ -72,11 +73,11 @@ def shot(page: Any, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-def log_in(page: Any, url: str) -> None:
+def log_in(page: Any, url: str, username: str = "olivia") -> None:
     page.goto(url + "/")
     page.wait_for_url("**/login/?next=/")
     shot(page, "01-login")
-    page.fill("#id_username", "olivia")
+    page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
     page.click("form button[type=submit]")
     page.wait_for_url(url + "/")
@@ -238,6 +239,29 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     page.goto(f"{url}/runs/{stuck.code}/")
     page.click("button[data-dialog='confirm-resolve']")
     shot(page, "12-confirm-resolve")
+
+    # A viewer sees the same run with no action, and a POST forged with the viewer's own
+    # session and CSRF token (what a button would send) is refused and changes nothing.
+    viewing = browser.new_context(viewport=WIDE)
+    seer = viewing.new_page()
+    log_in(seer, url, "vera")
+    seer.goto(f"{url}/runs/{stuck.code}/")
+    seer.wait_for_selector("[data-compensation]")
+    assert seer.locator("button[data-dialog], form[action*='/resolve']").count() == 0
+    live(seer)
+    shot(seer, "15-viewer-run")
+    audit_before = AuditEvent.objects.filter(run=stuck).count()
+    status = seer.evaluate("""async (path) => {
+        const token = document.querySelector("input[name=csrfmiddlewaretoken]").value;
+        const body = new URLSearchParams({csrfmiddlewaretoken: token, note: "forged"});
+        const answer = await fetch(path, {method: "POST", body, redirect: "manual"});
+        return answer.status;
+    }""", f"/runs/{stuck.code}/resolve")
+    assert status == 403
+    stuck.refresh_from_db()
+    assert stuck.status == Run.Status.NEEDS_ATTENTION
+    assert AuditEvent.objects.filter(run=stuck).count() == audit_before
+    viewing.close()
 
     phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
     small = phone.new_page()

@@ -1,0 +1,332 @@
+"""Tool calls as steps: StateGuard inside LangGraph's ``ToolNode`` (and so inside
+``create_react_agent``, v1 and v2).
+
+An agent's effects happen in its tool calls, which LangGraph runs inside one node (``tools``):
+all the calls of one model message in one task (``ToolNode``, ``create_react_agent(version=
+"v1")``), or each call as a ``Send`` task of its own (v2, the default). So every ``ToolNode`` of
+a guarded graph gets a tool-call wrapper (its public ``wrap_tool_call`` / ``awrap_tool_call``
+hook, composed around any the user gave) that, around each call:
+
+1. gates the call on an approval keyed by the tool's name (guarded form), its arguments as the
+   payload, *before* it runs;
+2. journals a step of its own, named by the tool and tagged with the tool's tags, whose id is
+   ``<task id>:<call id>`` (so its compensation's idempotency key is per call), and records the
+   call's effects (``record_effect``) under it;
+3. runs the tool and journals the call's arguments and result (``ToolMessage`` content and
+   artifact) as the step's update, and the graph's state with the answer appended as its state;
+4. replays a call that already succeeded instead of running it again: LangGraph re-runs a whole
+   task when it resumes it (after an approval, or a retry), and in v1 that task holds every
+   call of the message.
+
+A tool that raises fails its node as before (its siblings that succeeded are journaled, so they
+are compensated). A tool error that ``ToolNode`` turned into a message (``handle_tool_errors``)
+is decided by the guard's ``on_tool_error`` policy: ``"compensate"`` fails the node once its
+calls are done (``ToolCallFailed``), which unwinds the run; ``"model"`` lets the model read the
+error and go on; ``"auto"`` (the default) compensates when the tool has a compensation, recorded
+an effect, or the run already has an effect to undo: never a silent success over a charge whose
+booking failed. ``ToolNode`` turns any exception its wrapper raises into a message too, so the
+node is failed by a wrapper around its body instead.
+
+LangGraph internals relied on (checked by tests/core/test_tool_internals.py against the pinned
+langgraph 1.2.24 / langgraph-prebuilt 1.1.3): the ``ToolNode`` attributes holding the
+constructor's ``wrap_tool_call``/``awrap_tool_call`` (``_wrap_tool_call``/``_awrap_tool_call``)
+and its body (``func``/``afunc``, as in every ``RunnableCallable``), set on the graph's own
+``ToolNode`` objects; and the config keys ``__pregel_checkpointer`` and ``__pregel_task_id``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Literal
+
+from langchain_core.messages import ToolMessage
+from langgraph.errors import GraphBubbleUp
+from langgraph.prebuilt import ToolNode
+from langgraph.types import Command
+
+from stateguard.effects import EffectLedger, recording
+from stateguard.events import Event, emit
+from stateguard.exceptions import ToolCallFailed
+from stateguard.instrument import NODE_ATTR, approval_gate
+from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
+from stateguard.state import apply_update, as_dict, update_of
+from stateguard.tool_calls import TOOL_TAG, ToolCall
+
+if TYPE_CHECKING:
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+
+    from stateguard.core import GuardCore
+
+_STEP_ID_MAX = 200  # what the journals store (the web app's step_id column)
+_INSTALLED = "_stateguard_tool_guard"
+
+# The handled tool errors that must fail the node running them: set around a ToolNode's body.
+_failures: ContextVar[list[ToolCallFailed] | None] = ContextVar("stateguard_tool_failures",
+                                                                default=None)
+
+
+def tool_step_id(task_id: str, call_id: str) -> str:
+    step_id = f"{task_id}:{call_id}"
+    if len(step_id) <= _STEP_ID_MAX:
+        return step_id
+    return f"{task_id}:{hashlib.sha256(call_id.encode()).hexdigest()[:32]}"
+
+
+def tool_nodes(runnables: Mapping[str, Any]) -> dict[str, ToolNode]:
+    """The ``ToolNode``s among a graph's nodes (node name -> runnable)."""
+    return {name: r for name, r in runnables.items() if isinstance(r, ToolNode)}
+
+
+def tools_of(nodes: Mapping[str, ToolNode]) -> dict[str, tuple[str, ...]]:
+    """Tool name -> its tags, for every tool the graph can call."""
+    return {name: tuple(str(t) for t in (tool.tags or ()))
+            for node in nodes.values() for name, tool in node.tools_by_name.items()}
+
+
+def install(node: ToolNode, channels: Mapping[str, Any]) -> None:
+    """Put StateGuard's tool-call wrapper on ``node`` (once). It stands aside in runs whose
+    checkpointer is not a guard, so a ``ToolNode`` shared with an unguarded graph is safe."""
+    if getattr(node, _INSTALLED, None) is not None:
+        return
+    guard = _ToolCallGuard(channels, getattr(node, "_messages_key", "messages"))
+    user_sync, user_async = node._wrap_tool_call, node._awrap_tool_call
+    node._wrap_tool_call = functools.partial(guard.wrap, user_sync)
+    # A user's sync wrapper alone serves async runs too (ToolNode runs it with a sync execute):
+    # keep that, so it is never called with a coroutine function.
+    if user_async is not None or user_sync is None:
+        node._awrap_tool_call = functools.partial(guard.awrap, user_async)
+    if node.func is not None:
+        node.func = _failing(node.func)
+    if node.afunc is not None:
+        node.afunc = _afailing(node.afunc)
+    setattr(node, _INSTALLED, guard)
+
+
+def _failing(body: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(body)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        failed: list[ToolCallFailed] = []
+        token = _failures.set(failed)
+        try:
+            out = body(*args, **kwargs)
+        finally:
+            _failures.reset(token)
+        if failed:
+            raise failed[0]
+        return out
+    return run
+
+
+def _afailing(body: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    @functools.wraps(body)
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        failed: list[ToolCallFailed] = []
+        token = _failures.set(failed)
+        try:
+            out = await body(*args, **kwargs)
+        finally:
+            _failures.reset(token)
+        if failed:
+            raise failed[0]
+        return out
+    return run
+
+
+Execute = Callable[["ToolCallRequest"], Any]
+
+
+class _Call:
+    """One tool call of a guarded run, from its start to its journaled end."""
+
+    def __init__(self, core: GuardCore, request: ToolCallRequest, step_id: str,
+                 run_id: str) -> None:
+        self.core, self.request, self.step_id, self.run_id = core, request, step_id, run_id
+        call = request.tool_call
+        self.call_id, self.name = str(call.get("id") or ""), str(call["name"])
+        self.args = dict(call.get("args") or {})
+        tool = request.tool
+        self.tags = (*(str(t) for t in (getattr(tool, "tags", None) or ())), TOOL_TAG)
+
+
+class _ToolCallGuard:
+    def __init__(self, channels: Mapping[str, Any], messages_key: str) -> None:
+        self.channels, self.messages_key = channels, messages_key
+
+    # -- the wrappers ToolNode calls --------------------------------------------------------
+    def wrap(self, user: Callable[..., Any] | None, request: ToolCallRequest,
+             execute: Execute) -> Any:
+        call = self._begin(request)
+        if call is None:
+            return user(request, execute) if user else execute(request)
+        replayed = self._replay(call)
+        if replayed is not None:
+            return replayed
+        self._start(call)
+        try:
+            with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                out = user(request, execute) if user else execute(request)
+        except BaseException as exc:
+            self._failed(call, exc)
+            raise
+        return self._finish(call, out)
+
+    async def awrap(self, user: Callable[..., Awaitable[Any]] | None, request: ToolCallRequest,
+                    execute: Callable[[ToolCallRequest], Awaitable[Any]]) -> Any:
+        call = self._begin(request)
+        if call is None:
+            return await (user(request, execute) if user else execute(request))
+        replayed = self._replay(call)
+        if replayed is not None:
+            return replayed
+        self._start(call)
+        try:
+            with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                out = await (user(request, execute) if user else execute(request))
+        except BaseException as exc:
+            self._failed(call, exc)
+            raise
+        return self._finish(call, out)
+
+    # -- the steps --------------------------------------------------------------------------
+    @staticmethod
+    def _begin(request: ToolCallRequest) -> _Call | None:
+        """The call, if it runs in a guarded run (at the top level: a subgraph's state is not
+        the run's), after its approval gate; ``None`` to stand aside."""
+        from stateguard.core import GuardCore
+
+        runtime = getattr(request, "runtime", None)
+        config = getattr(runtime, "config", None) or {}
+        conf = config.get("configurable", {})
+        core = getattr(conf.get("__pregel_checkpointer"), "core", None)
+        task_id = conf.get("__pregel_task_id")
+        # A task's namespace is "<node>:<task id>"; a subgraph's task adds "|<node>:<id>".
+        if not isinstance(core, GuardCore) or not task_id or "|" in str(
+                conf.get("checkpoint_ns", "")):
+            return None
+        call = _Call(core, request, tool_step_id(str(task_id), str(
+            request.tool_call.get("id") or "")), str(conf["thread_id"]))
+        approvals = core.spec.approvals
+        if call.name in approvals:
+            predicate = approvals[call.name]
+            if predicate is None or predicate(call.args):
+                approval_gate(core, call.run_id, call.step_id, call.name,
+                              {"tool": call.name, "tool_call_id": call.call_id,
+                               "args": call.args})
+        return call
+
+    def _replay(self, call: _Call) -> ToolMessage | None:
+        """The answer of a call this task already made, when LangGraph runs the task again."""
+        done = next((s for s in call.core.journal.steps(call.run_id)
+                     if s.step_id == call.step_id and s.status == StepStatus.SUCCEEDED), None)
+        journaled = ToolCall.from_update(done.update) if done is not None else None
+        if journaled is None:
+            return None
+        return ToolMessage(content=journaled.content, artifact=journaled.artifact,
+                           tool_call_id=call.call_id, name=call.name, status="success")
+
+    def _start(self, call: _Call) -> None:
+        core = call.core
+        core.check_lease(call.run_id)
+        _, previous = core.journal.step_start(call.run_id, call.step_id, call.name, call.tags)
+        emit(core.on_event, Event("step.started", call.run_id, call.name, call.step_id,
+                                  {"tool_call_id": call.call_id, "args": call.args,
+                                   "in_doubt_rerun": previous == StepStatus.STARTED}))
+
+    def _failed(self, call: _Call, exc: BaseException) -> None:
+        journal = call.core.journal
+        if isinstance(exc, GraphBubbleUp):  # an interrupt() inside the tool: it runs again
+            journal.step_finish(call.run_id, call.step_id, StepStatus.FAILED,
+                                error=ErrorInfo("Interrupted", "tool paused"))
+            return
+        if not isinstance(exc, Exception):
+            return  # cancelled mid-call: the step stays started, in doubt
+        if not getattr(exc, NODE_ATTR, None):
+            with contextlib.suppress(AttributeError):  # __slots__: the journal names the tool
+                setattr(exc, NODE_ATTR, call.name)
+        error = ErrorInfo.from_exception(exc)
+        journal.step_finish(call.run_id, call.step_id, StepStatus.FAILED,
+                            update=self._record(call, "error", str(exc), None).as_update(),
+                            error=error)
+        emit(call.core.on_event, Event("step.failed", call.run_id, call.name, call.step_id,
+                                       {"error": str(error)}))
+
+    def _finish(self, call: _Call, out: Any) -> Any:
+        message = _tool_message(out, call.call_id)
+        status: Literal["success", "error"] = (
+            "error" if message is not None and message.status == "error" else "success")
+        content = message.content if message is not None else None
+        artifact = message.artifact if message is not None else None
+        record = self._record(call, status, content, artifact)
+        core = call.core
+        if status == "error":
+            error = ErrorInfo("ToolError", str(content))
+            core.journal.step_finish(call.run_id, call.step_id, StepStatus.FAILED,
+                                     update=record.as_update(), error=error)
+            emit(core.on_event, Event("step.failed", call.run_id, call.name, call.step_id,
+                                      {"error": str(error), "handled": True}))
+            if self._unwinds(call):
+                self._fail_node(call, str(content))
+            return out
+        values = as_dict(call.request.state)
+        try:
+            after = apply_update(self.channels, values, update_of(out) if isinstance(
+                out, Command) else {self.messages_key: [out]})
+        except Exception:  # a state the reducers cannot take: keep the state the call saw
+            after = values
+        core.journal.step_finish(call.run_id, call.step_id, StepStatus.SUCCEEDED,
+                                 update=record.as_update(), state_after=after)
+        emit(core.on_event, Event("step.succeeded", call.run_id, call.name, call.step_id,
+                                  {"tool_call_id": call.call_id}))
+        return out
+
+    @staticmethod
+    def _record(call: _Call, status: Literal["success", "error"], content: Any,
+                artifact: Any) -> ToolCall:
+        return ToolCall(call.call_id, call.name, call.args, status, content, artifact)
+
+    @staticmethod
+    def _unwinds(call: _Call) -> bool:
+        """Whether a tool error the model was told about unwinds the run (``on_tool_error``)."""
+        core = call.core
+        spec = core.spec
+        policy = spec.tool_error_policy(call.name, call.tags)
+        if policy != "auto":
+            return policy == "compensate"
+        if spec.compensation_for(call.name, call.tags) is not None:
+            return True
+        journal = core.journal
+        if isinstance(journal, EffectLedger) and any(
+                e.step_id == call.step_id for e in journal.effects(call.run_id)):
+            return True
+        return any(s.status in EFFECT_STATUSES and spec.compensation_for(s.node, s.tags)
+                   for s in journal.steps(call.run_id))
+
+    @staticmethod
+    def _fail_node(call: _Call, message: str) -> None:
+        exc = ToolCallFailed(call.name, call.call_id, message)
+        setattr(exc, NODE_ATTR, call.name)
+        failed = _failures.get()
+        if failed is None:  # no body wrapper around us (a ToolNode called by hand): raise
+            raise exc
+        failed.append(exc)
+
+
+def _tool_message(out: Any, call_id: str) -> ToolMessage | None:
+    """The ``ToolMessage`` answering ``call_id`` in what a tool call returned (a message, a
+    ``Command`` carrying it, or a list of them)."""
+    if isinstance(out, ToolMessage):
+        return out
+    items = out if isinstance(out, list) else [out]
+    for item in items:
+        if isinstance(item, ToolMessage) and item.tool_call_id == call_id:
+            return item
+        if isinstance(item, Command) and item.update is not None:
+            messages = update_of(item).get("messages") or []
+            for message in messages if isinstance(messages, list) else [messages]:
+                if isinstance(message, ToolMessage) and message.tool_call_id == call_id:
+                    return message
+    return None

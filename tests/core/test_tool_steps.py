@@ -1,0 +1,175 @@
+"""Agents with tools: each tool call is a step of its own, compensated by the tool's name.
+
+Every test runs the three shapes an agent comes in (create_react_agent v1, v2 with its Send
+tasks, and a hand-built model node + ToolNode) in both forms (drop-in and guarded), on
+InMemorySaver and SqliteSaver, with a scripted chat model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from langgraph.checkpoint.postgres import PostgresSaver
+
+from stateguard import (
+    ConfigurationError,
+    RunStatus,
+    SagaAborted,
+    StateGuardCheckpointer,
+    StepStatus,
+)
+from stateguard.tool_calls import TOOL_TAG
+from tests.core.agent_support import SHAPES, BookingFailed, Shape, Travel, agent, ask, go, say
+from tests.core.support import config
+from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
+from tests.core.tool_forms import FORMS, Form, make_guard, run_agent, saver_for
+
+SAVERS = ("memory", "sqlite")
+
+
+def charge_then_fail() -> list:
+    return [ask(("charge_card", {"amount": 4200})),
+            ask(("book_flight", {"destination": "nowhere"})),
+            say("booked")]
+
+
+@pytest.mark.parametrize("saver_kind", SAVERS)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_refunds_the_charge_once_when_the_booking_after_it_fails(
+        shape: Shape, form: Form, saver_kind: str, tmp_path: Path) -> None:
+    world = Travel()
+    with saver_for(saver_kind, tmp_path) as saver:
+        guard = make_guard(world, saver)
+        _, error = run_agent(form, shape, world, charge_then_fail(), guard, "trip")
+
+        assert isinstance(error, SagaAborted if form == "guarded" else BookingFailed)
+        [(charge_id, _)] = world.charges
+        # refunded once, by the compensation keyed "charge_card", which read the charge id
+        # from the tool's result
+        assert world.refunded == [charge_id]
+        view = guard.status("trip")
+        assert view.run.status == RunStatus.COMPENSATED
+        [charge] = [s for s in view.steps if s.node == "charge_card"]
+        assert charge.status == StepStatus.SUCCEEDED and TOOL_TAG in charge.tags
+        assert charge.update["args"] == {"amount": 4200}
+        assert charge.update["tool_call_id"] == "charge_card-1"
+        assert '"charge_id"' in charge.update["content"]
+        [booking] = [s for s in view.steps if s.node == "book_flight"]
+        assert booking.status == StepStatus.FAILED
+        assert "no flight to nowhere" in str(booking.error)
+        # the key is per call: the compensation of that step, the same on every attempt
+        [(_, key)] = world.refunds
+        [comp] = [c for c in view.compensations if c.step_id == charge.step_id]
+        assert comp.idempotency_key == key and comp.status == "succeeded"
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_undoes_the_calls_that_succeeded_beside_a_failing_one_newest_first(
+        shape: Shape, form: Form) -> None:
+    world = Travel()
+    guard = make_guard(world)
+    script = [ask(("charge_card", {"amount": 5000}), ("charge_card", {"amount": 10000}),
+                  ("reserve_seat", {"seat": "12A"}),
+                  ("book_flight", {"destination": "nowhere"})),
+              say("booked")]
+    _, error = run_agent(form, shape, world, script, guard, "parallel")
+
+    assert error is not None
+    assert len(world.charges) == 2 and world.seats == []  # the seat was released (by tag)
+    # the 50.00 charge answers after 50 ms, the 100.00 one after 100 ms: undone newest first
+    assert world.refunded == [world.charges[1][0], world.charges[0][0]]
+    report = error.report if isinstance(error, SagaAborted) else error.stateguard_report  # type: ignore[attr-defined]
+    undone = [o.step_id for o in report.outcomes if o.status == "succeeded"]
+    steps = {s.step_id: s for s in guard.status("parallel").steps}
+    assert len(undone) == 3
+    assert [steps[i].done_seq for i in undone] == sorted(
+        (steps[i].done_seq for i in undone), reverse=True)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_unwinds_a_tool_error_the_model_was_told_of_by_default(
+        shape: Shape, form: Form) -> None:
+    world = Travel()
+    guard = make_guard(world)
+    _, error = run_agent(form, shape, world, charge_then_fail(), guard, "told",
+                         handle_tool_errors=True)
+
+    assert error is not None and "ToolCallFailed" in repr(error)
+    assert world.refunded == [world.charges[0][0]]
+    assert guard.status("told").run.status == RunStatus.COMPENSATED
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_lets_the_model_handle_a_tool_error_when_told_to(shape: Shape, form: Form) -> None:
+    world = Travel()
+    guard = make_guard(world, on_tool_error="model")
+    out, error = run_agent(form, shape, world, charge_then_fail(), guard, "model",
+                           handle_tool_errors=True)
+
+    assert error is None and out["messages"][-1].content == "booked"
+    assert world.refunds == [] and len(world.charges) == 1
+    view = guard.status("model")
+    assert view.run.status == RunStatus.SUCCEEDED
+    [booking] = [s for s in view.steps if s.node == "book_flight"]
+    assert booking.status == StepStatus.FAILED and booking.update["status"] == "error"
+
+
+def test_it_takes_the_policy_per_tool() -> None:
+    world = Travel()
+    guard = make_guard(world, on_tool_error={"book_flight": "model"})
+    _, error = run_agent("guarded", "v2", world, charge_then_fail(), guard, "per-tool",
+                           handle_tool_errors=True)
+    assert error is None and world.refunds == []
+
+
+def test_it_lets_a_read_only_tool_fail_with_nothing_to_undo_under_auto() -> None:
+    # A tool with no compensation failing before any effect: the model may try again.
+    world = Travel()
+    guard = make_guard(world)
+    script = [ask(("book_flight", {"destination": "nowhere"})),
+              ask(("book_flight", {"destination": "Lisbon"})), say("booked")]
+    _, error = run_agent("dropin", "v2", world, script, guard, "retry-by-model",
+                           handle_tool_errors=True)
+    assert error is None and world.bookings == ["Lisbon"]
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_it_validates_compensations_against_the_tools_the_graph_can_call(form: Form) -> None:
+    world = Travel()
+    guard = StateGuardCheckpointer(compensations={"charge_crad": world.refund})
+    with pytest.raises(ConfigurationError, match=r"charge_crad.*tools are \['book_flight', "
+                                                 r"'charge_card', 'reserve_seat'\]"):
+        if form == "guarded":
+            guard.compile(agent("v2", world, [say("hi")]))
+        else:
+            agent("v2", world, [say("hi")], checkpointer=guard).invoke(go(), config("typo"))
+    with pytest.raises(ConfigurationError, match="on_tool_error"):
+        StateGuardCheckpointer(on_tool_error="ignore")  # type: ignore[arg-type]
+
+
+def test_it_leaves_a_tool_node_alone_in_a_graph_without_a_guard() -> None:
+    # The wrapper is put on the ToolNode object; the same agent run unguarded is untouched.
+    world = Travel()
+    guarded = make_guard(world)
+    graph = agent("v1", world, [ask(("charge_card", {"amount": 100})), say("ok")])
+    guarded.compile(graph)
+    out = graph.invoke(go(), config("plain"))
+    assert out["messages"][-1].content == "ok" and len(world.charges) == 1
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_refunds_once_on_a_postgres_saver(shape: Shape, form: Form,
+                                             pg_dsn: str) -> None:  # noqa: F811
+    world = Travel()
+    with PostgresSaver.from_conn_string(pg_dsn) as saver:
+        saver.setup()
+        guard = make_guard(world, saver)
+        _, error = run_agent(form, shape, world, charge_then_fail(), guard, f"pg-{shape}-{form}")
+    assert error is not None
+    assert world.refunded == [world.charges[0][0]]
+    assert guard.status(f"pg-{shape}-{form}").run.status == RunStatus.COMPENSATED
