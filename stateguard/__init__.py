@@ -21,6 +21,7 @@ from stateguard.exceptions import (
     RunNotFound,
     SagaAborted,
     StateGuardError,
+    ToolCallFailed,
 )
 from stateguard.guarded_state import GuardedState
 from stateguard.journal import InMemoryJournal, Journal
@@ -36,6 +37,7 @@ from stateguard.report import CompensationOutcome, UnwindReport
 from stateguard.retry import CompensationRetry
 from stateguard.spec import Compensation, Invariant
 from stateguard.sqlite_journal import SqliteJournal
+from stateguard.tool_calls import ToolCall, tool_calls
 
 __all__ = [
     "ApprovalRejected",
@@ -70,6 +72,9 @@ __all__ = [
     "StateGuardError",
     "StateGuardWarning",
     "StepStatus",
+    "ToolCall",
+    "ToolCallFailed",
     "UnwindReport",
     "record_effect",
+    "tool_calls",
 ]

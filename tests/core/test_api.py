@@ -15,7 +15,7 @@ EXPECTED = {
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "RunLocked", "RunNotFound", "RunStatus", "RunView", "SagaAborted", "SqliteJournal",
     "StateGuardCheckpointer", "StateGuardError", "StateGuardWarning", "StepStatus",
-    "UnwindReport",
+    "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 
 
