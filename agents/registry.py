@@ -104,4 +104,4 @@ def run_id(config: RunnableConfig) -> str:
 
 def _load() -> None:
     # Importing the agent modules registers them.
-    from agents import checkout_agent, noop, provision  # noqa: F401
+    from agents import checkout_agent, noop, provision, travel_agent  # noqa: F401

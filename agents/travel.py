@@ -1,0 +1,252 @@
+"""The travel agent: an AI agent (``create_react_agent``) whose tools act on the world.
+
+The model plans; its tools charge the card with Stripe (``charge_card``), hold a hotel room in
+the local sandbox (``reserve_hotel``) and e-mail the confirmation (``send_confirmation``, an
+``.eml`` file in the sandbox's outbox). Each tool call is a step of its own in the journal
+(``stateguard.tools``), and the compensations are keyed by the tools' names:
+
+- ``charge_card`` → refund what is left of the charge, reading the PaymentIntent from the call's
+  result, with the call's idempotency key;
+- ``reserve_hotel`` → cancel the room;
+- ``send_confirmation`` → an e-mail cannot be unsent: send an apology that cancels it.
+
+So a trip whose room cannot be held (the sandbox has no hotel in "Atlantis") ends with the card
+refunded once and the run ``compensated``, and a charge over 100.00 waits for an operator, who
+sees the call's arguments.
+
+The model is chosen by the deployment: ``ScriptedTravelModel`` (the default, no network, no key)
+plays a fixed plan decided by the request alone, so the demo, the tests and ``make run`` behave
+the same every time; a real provider's model is used when ``STATEGUARD_TRAVEL_MODEL`` names one
+(``openai:gpt-4o-mini``, ``anthropic:claude-3-5-haiku-latest``) and the ``llm`` extra and its
+key are installed (docs/deploy.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Sequence
+from email.message import EmailMessage
+from pathlib import Path
+from typing import Any
+
+import stripe
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import BaseTool, tool
+from langgraph.config import get_config
+from langgraph.prebuilt.chat_agent_executor import AgentState
+
+from stateguard import Effect, ExceptionContext, record_effect, tool_calls
+
+ATLANTIS = "Atlantis"  # the sandbox has no hotel there: the reservation fails
+RUN_KEY = "stateguard_run"
+_ONCE: Any = {"max_network_retries": 0}  # a lost answer is looked up, never blindly resent
+SYSTEM = ("You are a travel agent. Charge the customer's card for the trip with charge_card, "
+          "then hold the hotel with reserve_hotel, then e-mail the confirmation with "
+          "send_confirmation. Never charge more than the amount asked.")
+
+
+class TravelState(AgentState):
+    email: str
+    destination: str
+    nights: int
+    amount: int  # in the currency's smallest unit
+    currency: str
+
+
+class NoRooms(Exception):
+    pass
+
+
+def request_of(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: state[k] for k in ("email", "destination", "nights", "amount", "currency")
+            if k in state}
+
+
+def prompt(state: dict[str, Any]) -> list[BaseMessage]:
+    """What the model reads: the instructions, the request, then the conversation so far (the
+    run's input is the request itself: a run starts with no messages)."""
+    request = HumanMessage(f"Trip request: {json.dumps(request_of(state), sort_keys=True)}")
+    return [SystemMessage(SYSTEM), request, *state.get("messages", [])]
+
+
+class ScriptedTravelModel(BaseChatModel):
+    """A chat model that plays the travel plan for the request in the conversation: charge,
+    reserve, confirm, then a summary; it stops at a tool error and says so. Stateless: what
+    it answers depends on the messages alone, so a run resumed by another worker goes on."""
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedTravelModel:
+        return self
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-travel"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self.next_message(messages))])
+
+    @staticmethod
+    def next_message(messages: Sequence[BaseMessage]) -> AIMessage:
+        request: dict[str, Any] = {}
+        for message in messages:
+            if isinstance(message, HumanMessage) and str(message.content).startswith(
+                    "Trip request: "):
+                request = json.loads(str(message.content).removeprefix("Trip request: "))
+        answered = {m.name: m for m in messages if isinstance(m, ToolMessage)}
+        failed = next((m for m in answered.values() if m.status == "error"), None)
+        if failed is not None:
+            return AIMessage(f"Sorry, {failed.name} failed: {failed.content}")
+        plan = [("charge_card", {"amount": request.get("amount", 0),
+                                 "currency": request.get("currency", "usd"),
+                                 "email": request.get("email", "")}),
+                ("reserve_hotel", {"destination": request.get("destination", ""),
+                                   "nights": request.get("nights", 1)}),
+                ("send_confirmation", {"email": request.get("email", ""),
+                                       "destination": request.get("destination", "")})]
+        for name, args in plan:
+            if name not in answered:
+                return AIMessage("", tool_calls=[{"name": name, "args": args,
+                                                  "id": f"call_{name}", "type": "tool_call"}])
+        return AIMessage(f"Your trip to {request.get('destination')} is booked.")
+
+
+def chat_model(name: str) -> BaseChatModel:
+    """The model ``STATEGUARD_TRAVEL_MODEL`` names: "" for the scripted one, else
+    "<provider>:<model>" of an installed LangChain integration (the ``llm`` extra)."""
+    if not name:
+        return ScriptedTravelModel()
+    provider, _, model = name.partition(":")
+    if provider == "openai":
+        from langchain_openai import ChatOpenAI  # type: ignore[import-not-found]
+
+        return ChatOpenAI(model=model)  # type: ignore[no-any-return]
+    if provider == "anthropic":
+        from langchain_anthropic import ChatAnthropic  # type: ignore[import-not-found]
+
+        return ChatAnthropic(model=model)  # type: ignore[no-any-return]
+    raise ValueError(f"STATEGUARD_TRAVEL_MODEL: unknown provider {provider!r} "
+                     "(openai:<model> or anthropic:<model>, or empty for the scripted model)")
+
+
+def _run() -> str:
+    return str(get_config()["configurable"]["thread_id"])
+
+
+class Travel:
+    """The travel agent's tools and their compensations, over a Stripe client and a sandbox."""
+
+    def __init__(self, client: stripe.StripeClient, sandbox: Path) -> None:
+        self.client = client
+        self.sandbox = sandbox.resolve()
+        (self.sandbox / "outbox").mkdir(parents=True, exist_ok=True)
+
+    def log(self, line: str) -> None:
+        # One write per line with O_APPEND: lines from several workers never interleave.
+        fd = os.open(self.sandbox / "effects.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                     0o644)
+        try:
+            os.write(fd, f"{line}\n".encode())
+        finally:
+            os.close(fd)
+
+    def tools(self) -> list[BaseTool]:
+        travel = self
+
+        @tool
+        def charge_card(amount: int, currency: str, email: str) -> dict[str, Any]:
+            """Charge the customer's card ``amount`` (smallest currency unit) for the trip."""
+            return travel.charge(amount, currency, email)
+
+        @tool
+        def reserve_hotel(destination: str, nights: int) -> dict[str, Any]:
+            """Hold a hotel room at ``destination`` for ``nights`` nights."""
+            return travel.reserve(destination, nights)
+
+        @tool
+        def send_confirmation(email: str, destination: str) -> str:
+            """E-mail the customer that the trip is booked."""
+            return travel.mail(email, f"Your trip to {destination}",
+                               f"Your trip to {destination} is booked.", "confirmation")
+
+        return [charge_card, reserve_hotel, send_confirmation]
+
+    # -- tools ------------------------------------------------------------------------------
+    def charge(self, amount: int, currency: str, email: str) -> dict[str, Any]:
+        run = _run()
+        key = f"stateguard:{run}:charge_card"
+        customer = self.client.v1.customers.create(
+            params={"email": email}, options={"idempotency_key": f"{key}:customer"})
+        intent = self.client.v1.payment_intents.create(params={
+            "amount": amount, "currency": currency, "customer": customer.id,
+            "payment_method": "pm_card_visa", "confirm": True, "metadata": {RUN_KEY: run}},
+            options=_ONCE | {"idempotency_key": key})
+        record_effect(Effect("stripe", "charge", intent.id, amount=int(intent.amount),
+                             currency=str(intent.currency), idempotency_key=key))
+        self.log(f"do:charge:{intent.id}")
+        return {"payment_intent_id": intent.id, "amount": int(intent.amount),
+                "currency": str(intent.currency)}
+
+    def reserve(self, destination: str, nights: int) -> dict[str, Any]:
+        if destination == ATLANTIS:
+            raise NoRooms(f"no hotel has rooms in {destination}")
+        reservation = f"res_{uuid.uuid4().hex[:12]}"
+        self.log(f"do:reserve:{reservation}:{destination}:{nights}")
+        record_effect(Effect("sandbox", "reservation", reservation))
+        return {"reservation_id": reservation, "destination": destination, "nights": nights}
+
+    def mail(self, to: str, subject: str, body: str, kind: str) -> str:
+        message = EmailMessage()
+        message["From"], message["To"], message["Subject"] = "travel@localhost", to, subject
+        message.set_content(body)
+        path = self.sandbox / "outbox" / f"{_run()}-{kind}.eml"
+        path.write_bytes(bytes(message))
+        self.log(f"do:mail:{kind}:{to}")
+        return f"sent {path.name}"
+
+    # -- compensations ----------------------------------------------------------------------
+    def refund(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
+        """Refund what Stripe says is left of the call's charge, with the call's key."""
+        charge = ctx.tool_call.result if ctx.tool_call else None
+        if not isinstance(charge, dict) or "payment_intent_id" not in charge:
+            return False  # the call saved no charge: nothing to undo
+        intent = self.client.v1.payment_intents.retrieve(charge["payment_intent_id"])
+        latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
+        charge_id = str(latest if isinstance(latest, str) else latest.id)
+        stripe_charge = self.client.v1.charges.retrieve(charge_id)
+        remaining = stripe_charge.amount - (stripe_charge.amount_refunded or 0)
+        if remaining <= 0:
+            return False
+        refund = self.client.v1.refunds.create(
+            params={"charge": charge_id, "amount": remaining,
+                    "metadata": {RUN_KEY: ctx.run_id, "reason": ctx.reason}},
+            options=_ONCE | {"idempotency_key": ctx.idempotency_key})
+        record_effect(Effect("stripe", "refund", refund.id, amount=int(refund.amount),
+                             currency=str(refund.currency), idempotency_key=ctx.idempotency_key,
+                             undoes=intent.id))
+        self.log(f"undo:charge:{intent.id}")
+        return f"refunded {refund.id}: {refund.amount} {refund.currency}"
+
+    def cancel(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+        reservation = (ctx.tool_call.result or {}) if ctx.tool_call else {}
+        if not isinstance(reservation, dict) or "reservation_id" not in reservation:
+            return False
+        self.log(f"undo:reserve:{reservation['reservation_id']}")
+        record_effect(Effect("sandbox", "cancellation", f"cancel_{reservation['reservation_id']}",
+                             undoes=reservation["reservation_id"]))
+        return True
+
+    def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+        args = ctx.tool_call.args if ctx.tool_call else {}
+        self.mail(str(args.get("email", "")), "Your trip is cancelled",
+                  "We could not complete your booking; your card was refunded.", "apology")
+        return True
+
+
+def total_charged_within_amount(state: dict[str, Any]) -> bool:
+    """the agent never charges more than the amount asked"""
+    return sum(int(c.args.get("amount", 0)) for c in tool_calls(state, "charge_card")) <= int(
+        state.get("amount", 0))

@@ -1,0 +1,95 @@
+"""The travel agent in one process: create_react_agent with the scripted model, its tools on
+localstripe and a sandbox, guarded as the web app guards it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import stripe
+
+from agents import registry
+from agents.registry import AgentSettings
+from agents.travel import ScriptedTravelModel, chat_model
+from stateguard import RunStatus, SagaAborted, StateGuardCheckpointer
+from tests.conftest import STRIPE_TEST_KEY
+
+
+def guarded(localstripe_url: str, sandbox: Path) -> tuple[StateGuardCheckpointer, Any]:
+    spec = registry.get("travel", AgentSettings(stripe_api_key=STRIPE_TEST_KEY,
+                                                stripe_api_base=localstripe_url,
+                                                sandbox_dir=sandbox))
+    guard = StateGuardCheckpointer(**spec.guard_kwargs())
+    return guard, guard.compile(spec.build())
+
+
+def trip(destination: str = "Lisbon", amount: int = 420_00 // 10) -> dict[str, Any]:
+    return {"email": "alice@example.com", "destination": destination, "nights": 2,
+            "amount": amount, "currency": "usd"}
+
+
+def log(sandbox: Path) -> list[str]:
+    path = sandbox / "effects.log"
+    return [line.split(":")[0] + ":" + line.split(":")[1] for line in
+            path.read_text().split()] if path.exists() else []
+
+
+def test_it_books_a_trip_one_tool_call_at_a_time(
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path)
+    config = {"configurable": {"thread_id": "trip-1"}}
+
+    out = guard.invoke(graph, trip(), config)
+
+    assert out["messages"][-1].content == "Your trip to Lisbon is booked."
+    view = guard.status(config)
+    assert view.run.status == RunStatus.SUCCEEDED
+    tools = [(s.node, s.status) for s in sorted(view.steps, key=lambda s: s.done_seq or 0)
+             if s.node not in ("agent", "tools")]
+    assert tools == [("charge_card", "succeeded"), ("reserve_hotel", "succeeded"),
+                     ("send_confirmation", "succeeded")]
+    assert log(tmp_path) == ["do:charge", "do:reserve", "do:mail"]
+    assert [(c.amount, c.amount_refunded) for c in stripe_client.v1.charges.list().data] == [
+        (42_00, 0)]
+    assert (tmp_path / "outbox" / "trip-1-confirmation.eml").exists()
+
+
+def test_it_refunds_the_charge_once_when_no_room_can_be_held(
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path)
+    config = {"configurable": {"thread_id": "trip-2"}}
+
+    with pytest.raises(SagaAborted, match="no hotel has rooms in Atlantis"):
+        guard.invoke(graph, trip("Atlantis"), config)
+
+    [charge] = stripe_client.v1.charges.list().data
+    assert (charge.amount, charge.amount_refunded) == (42_00, 42_00)
+    assert len(stripe_client.v1.refunds.list().data) == 1
+    view = guard.status(config)
+    assert view.run.status == RunStatus.COMPENSATED
+    assert [(e.effect.kind, e.status) for e in view.effects] == [
+        ("charge", "compensated"), ("refund", "compensated")]
+    assert log(tmp_path) == ["do:charge", "undo:charge"]
+
+
+def test_it_asks_before_a_charge_over_100(
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path)
+    config = {"configurable": {"thread_id": "trip-3"}}
+
+    guard.invoke(graph, trip(amount=250_00), config)
+    [approval] = guard.status(config).pending_approvals
+    assert approval.payload["args"] == {"amount": 250_00, "currency": "usd",
+                                        "email": "alice@example.com"}
+    assert stripe_client.v1.charges.list().data == []
+
+    guard.reject(graph, config, by="bob", reason="too much")
+    assert stripe_client.v1.charges.list().data == []
+    assert guard.status(config).run.status == RunStatus.COMPENSATED
+
+
+def test_it_uses_the_scripted_model_unless_a_provider_is_named() -> None:
+    assert isinstance(chat_model(""), ScriptedTravelModel)
+    with pytest.raises(ValueError, match="unknown provider"):
+        chat_model("acme:model-1")
