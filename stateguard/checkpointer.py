@@ -112,7 +112,11 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         self._observer.before_put(config, checkpoint, metadata)
         with self._observer.tracking(run_id):
             saved = self.saver.put(config, checkpoint, metadata, new_versions)
-            self._observer.after_put(config, checkpoint, metadata)
+            unwind = self._observer.after_put(config, checkpoint, metadata)
+            if unwind is not None:
+                self._observer.settle(unwind)
+                if unwind.error is not None:
+                    raise unwind.error
         return saved
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -120,9 +124,15 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         if self._observer.mode(config) is None:
             self.saver.put_writes(config, writes, task_id, task_path)
             return
-        with self._observer.tracking(str(config["configurable"]["thread_id"])):
+        run_id = str(config["configurable"]["thread_id"])
+        # In the order LangGraph committed the tasks, not the order its pool runs these calls;
+        # outside tracking(): a call waiting its turn is not one an unwind waits for.
+        self._observer.wait_turn(run_id, task_id)
+        with self._observer.tracking(run_id):
             self.saver.put_writes(config, writes, task_id, task_path)
-            self._observer.after_put_writes(config, writes, task_id, task_path)
+            unwind = self._observer.after_put_writes(config, writes, task_id, task_path)
+            if unwind is not None:
+                self._observer.settle(unwind)
 
     def delete_thread(self, thread_id: str) -> None:
         self.saver.delete_thread(thread_id)
@@ -159,7 +169,12 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         self._observer.before_put(config, checkpoint, metadata)
         with self._observer.tracking(run_id):
             saved = await self.saver.aput(config, checkpoint, metadata, new_versions)
-            await asyncio.to_thread(self._observer.after_put, config, checkpoint, metadata)
+            unwind = await asyncio.to_thread(self._observer.after_put, config, checkpoint,
+                                             metadata)
+            if unwind is not None:
+                await self._observer.asettle(unwind)  # async compensations on this loop
+                if unwind.error is not None:
+                    raise unwind.error
         return saved
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
@@ -167,10 +182,14 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         if self._observer.mode(config) is None:
             await self.saver.aput_writes(config, writes, task_id, task_path)
             return
-        with self._observer.tracking(str(config["configurable"]["thread_id"])):
+        run_id = str(config["configurable"]["thread_id"])
+        await self._observer.await_turn(run_id, task_id)  # see put_writes
+        with self._observer.tracking(run_id):
             await self.saver.aput_writes(config, writes, task_id, task_path)
-            await asyncio.to_thread(self._observer.after_put_writes, config, writes, task_id,
-                                    task_path)
+            unwind = await asyncio.to_thread(self._observer.after_put_writes, config, writes,
+                                             task_id, task_path)
+            if unwind is not None:
+                await self._observer.asettle(unwind)  # async compensations on this loop
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self.saver.adelete_thread(thread_id)

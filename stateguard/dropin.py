@@ -4,16 +4,21 @@ Here StateGuard sees the run only through the checkpointer calls LangGraph makes
 threads, so it observes rather than instruments:
 - ``put_writes`` of a task that finished -> a succeeded step (node from ``task_path``);
 - ``put_writes`` carrying ``__error__`` -> the unwind runs right there, before LangGraph re-raises
-  the node's exception to the caller (LangGraph waits for these calls before it raises), and the
-  exception gets the report as ``exc.stateguard_report`` and as a note;
+  the node's exception to the caller (LangGraph waits for these calls before it raises), once the
+  tasks still running beside it have finished (one unwind undoes them too), and the exception
+  gets the report as ``exc.stateguard_report`` and as a note. Under ``ainvoke`` the unwind runs
+  on the caller's event loop (async compensations use the app's own clients). An error written
+  with state writes beside it (the node's body returned, then its router raised) is a step
+  that had its effect;
 - ``put`` of a new checkpoint -> invariants are checked on the committed state; a violation
   unwinds and raises ``InvariantViolation``. Under ``durability="sync"`` that stops the run before
   the next node. Under the default ``"async"`` LangGraph does not wait for ``put``, so later nodes
   may already be running: their steps are compensated as soon as they are observed, and
   StateGuard warns once. ``guard.compile(builder)`` enforces in every mode.
 
-LangGraph runs these calls on a thread pool, so a call may overtake an earlier one; each call that
-acts on the whole run first waits for the run's calls already in flight.
+LangGraph runs these calls on a thread pool, so a call may overtake an earlier one: the observer
+numbers each task's commit as LangGraph makes it and journals steps in that order
+(``stateguard.dropin_order``), so compensations follow completion order.
 
 What is kept for a run lives from its start until LangGraph's loop for the run has exited (or been
 collected, for a start LangGraph rejected inside the loop's own ``__enter__``) and the run's last
@@ -21,13 +26,15 @@ observation call has returned: a second cancellation of ``ainvoke`` can end the 
 ``aput_writes`` is still running. A later invoke on the thread starts afresh from the checkpoint it
 loads. A guard lives as long as the server, so nothing may outlive its run.
 
-Finding the loop relies on LangGraph internals (named below; a test checks them against the pinned
-version). Should they move, the observer still observes and logs once; a run is then forgotten
+Finding the loop, and numbering its commits (its ``put_writes``, ``tasks`` and
+``checkpoint_pending_writes``), relies on LangGraph internals (named below and in
+``stateguard.dropin_order``; a test checks them against the pinned version). Should they move, the observer still observes and logs once; a run is then forgotten
 when its loop is collected or, without a loop, only beyond a cap on how many runs are kept.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib
 import logging
@@ -46,6 +53,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
 from stateguard.core import GuardCore
+from stateguard.dropin_order import ORDER_TIMEOUT, SIBLING_TIMEOUT, CommitOrder
 from stateguard.exceptions import ConfigurationError, InvalidRunState, InvariantViolation
 from stateguard.instrument import INSTRUMENTED_KEY, RUNNER_KEY, node_tags
 from stateguard.journal import TurnJournal, turn_steps
@@ -54,6 +62,7 @@ from stateguard.records import RunStatus, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.state import apply_update, is_internal_channel, state_values
 from stateguard.tools import install, tool_nodes, tools_of
+from stateguard.unwind import Cause
 
 _ERROR, _INTERRUPT = "__error__", "__interrupt__"
 _ABORTED = frozenset({RunStatus.COMPENSATING, RunStatus.COMPENSATED, RunStatus.NEEDS_ATTENTION})
@@ -90,10 +99,35 @@ class _Run:
     loop: weakref.ref[Any] | None = None  # LangGraph's loop running it, if found
     ended: bool = False  # that loop exited or was collected: forget it once no call is in flight
     paused: bool = False  # a node called interrupt(): the turn waits for a resume
+    order: CommitOrder | None = None  # the order LangGraph committed its tasks in
+    unwinding: bool = False  # an unwind of this run was claimed (by its first failure)
+    cause: Cause | None = None  # why, once claimed
+    report: UnwindReport | None = None  # what it did, once done
 
     def alive(self) -> bool:
         """Its loop may still make calls (unknown without a loop: the cap decides)."""
         return not self.ended and self.loop is not None and self.loop() is not None
+
+
+@dataclass(eq=False)
+class _Unwind:
+    """An unwind an observation call asks for, carried out by its sync or async caller (an
+    async compensation then runs on the caller's event loop: an app's clients are bound to it).
+
+    ``lead``: this call unwinds the run; otherwise another failure of the run does, and this one
+    waits for its report. ``late``: a step observed after its run was unwound, undone by an
+    unwind of its own if the first one could not see it."""
+
+    run_id: str
+    live: _Run
+    cause: Cause
+    error: BaseException | None  # gets the report (and is what the caller raises, if it does)
+    state: Any = None
+    lead: bool = True
+    late: str | None = None  # the late step's id
+    # Wait for the tasks running beside the failed one (not for a checkpoint's violation:
+    # under "async" durability the tasks running then belong to later steps).
+    siblings: bool = True
 
 
 class DropInObserver:
@@ -132,7 +166,7 @@ class DropInObserver:
         if mode == "observe":
             self._admit(config)
         # A resumed step's writes name the checkpoint loaded here, saved by an earlier invoke.
-        live = _Run(nodes, channels)
+        live = _Run(nodes, channels, order=CommitOrder(self._cond))
         if saved is not None:
             live.values[saved.checkpoint["id"]] = state_values(saved.checkpoint["channel_values"])
         if loop is not None:
@@ -144,8 +178,12 @@ class DropInObserver:
                 self._evict()
 
     def _follow(self, loop: Any, run_id: str, live: _Run) -> None:
-        """End ``live`` when its loop exits or, if it never does (LangGraph rejected the start
-        inside the loop's ``__enter__``), when the loop is collected."""
+        """Number the loop's commits (``stateguard.dropin_order``). End ``live`` when its loop
+        exits or, if it never does (LangGraph rejected the start inside the loop's
+        ``__enter__``), when the loop is collected."""
+        if live.order is not None and not live.order.hook(loop):
+            self._degrade(f"LangGraph's {_LOOP_CLASS} has no put_writes to follow",
+                          "as before; steps are journaled in the order their writes arrive")
         collected: weakref.finalize[[str, _Run], None] | None = None
         try:
             live.loop = weakref.ref(loop)
@@ -355,7 +393,9 @@ class DropInObserver:
             raise InvariantViolation(found[0].name, f"{found[1]} (update_state refused)")
 
     def after_put(self, config: RunnableConfig, checkpoint: Mapping[str, Any],
-                  metadata: Mapping[str, Any]) -> None:
+                  metadata: Mapping[str, Any]) -> _Unwind | None:
+        """Observe a saved checkpoint; an invariant it breaks asks for an unwind, after which
+        the caller raises its ``error``."""
         run_id = str(config["configurable"]["thread_id"])
         values = state_values(checkpoint["channel_values"])
         with self._cond:
@@ -375,76 +415,90 @@ class DropInObserver:
                 # New input on a thread whose turn paused or was cut short: LangGraph starts
                 # from START again, so this is a new turn, and the old one is left as it is.
                 journal.run_next_turn(run_id)
-                return
+                return None
             journal.run_set_status(run_id, RunStatus.RUNNING)
-            return
+            return None
         if live is None or int(metadata.get("step", 0)) < 0 or self.mode(config) != "observe":
-            return  # update_state() outside a run was checked before it was saved
+            return None  # update_state() outside a run was checked before it was saved
         found = self.core.spec.first_violation(values)
         if found is None:
-            return
-        if live is not None:
-            with self._cond:
-                live.stopped = True
-                self._cond.notify_all()
-        self._drain(run_id)
+            return None
+        with self._cond:
+            live.stopped = True
+            lead, live.unwinding = not live.unwinding, True
+            self._cond.notify_all()
+        # Every task committed before this checkpoint is journaled first, in its order.
+        if live.order is not None and live.order.hooked:
+            live.order.wait(live.order.all_observed, ORDER_TIMEOUT, f"the steps of {run_id}")
+        else:
+            self._drain(run_id)
         done = [s for s in turn_steps(journal, run_id) if s.done_seq is not None]
         last = max(done, key=lambda s: s.done_seq or 0).node if done else None
         exc = InvariantViolation(found[0].name, found[1], node=last)
-        report = self.core.unwind(run_id, self.core.cause_of(exc), fallback_state=values)
-        attach_report(exc, report)
-        raise exc
+        return self._claimed(_Unwind(run_id, live, self.core.cause_of(exc), exc, values, lead,
+                                     siblings=False))
 
-    def _send_failed(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]]) -> None:
+    def _send_failed(self, live: _Run, config: RunnableConfig,
+                     writes: Sequence[tuple[str, Any]]) -> _Unwind | None:
         """A ``Send`` task's error unwinds the run like a node's (v2 agents run each tool call
         as a ``Send`` task). Its path names no node; the tool-call wrapper journaled its step
         and named the tool on the error."""
         error = next((v for c, v in writes if c == _ERROR), None)
         if error is None or self.mode(config) is None:
-            return
+            return None
         if not isinstance(error, BaseException):
             error = RuntimeError(str(error))
         conf = config["configurable"]
         run_id = str(conf["thread_id"])
-        self._drain(run_id)
-        report = self.core.unwind(run_id, self.core.cause_of(error),
-                                  fallback_state=self._state_of(run_id, conf.get("checkpoint_id")))
-        attach_report(error, report)
+        with self._cond:
+            lead, live.unwinding = not live.unwinding, True
+        state = self._state_of(run_id, conf.get("checkpoint_id"))
+        return self._claimed(_Unwind(run_id, live, self.core.cause_of(error), error, state,
+                                     lead))
 
     def after_put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
-                         task_id: str, task_path: str) -> None:
+                         task_id: str, task_path: str) -> _Unwind | None:
+        """Journal the step whose writes were saved; a failure asks for an unwind."""
+        run_id = str(config["configurable"]["thread_id"])
+        live = self._runs.get(run_id) or _Run({}, {})
+        try:
+            return self._observe_writes(live, config, writes, task_id, task_path)
+        finally:
+            if live.order is not None:
+                live.order.observed(task_id)  # the next task in LangGraph's order may go on
+
+    def _observe_writes(self, live: _Run, config: RunnableConfig,
+                        writes: Sequence[tuple[str, Any]], task_id: str, task_path: str
+                        ) -> _Unwind | None:
         node = task_path.rsplit(", ", 1)[-1] if task_path.startswith("~__pregel_pull") else ""
         conf = config["configurable"]
         run_id = str(conf["thread_id"])
-        live = self._runs.get(run_id) or _Run({}, {})
         if any(c == _INTERRUPT for c, _ in writes):
             live.paused = True
-            return
+            return None
         if not node and task_path.startswith("~__pregel_push"):
-            self._send_failed(config, writes)
-            return
+            return self._send_failed(live, config, writes)
         if not node or node.startswith("__"):
-            return
+            return None
         journal, tags = self.core.journal, live.nodes.get(node, ())
         error = next((v for c, v in writes if c == _ERROR), None)
         observing = self.mode(config) == "observe"  # else the node wrappers journal the steps
         if observing:
             journal.step_start(run_id, task_id, node, tags)
+        update = {c: v for c, v in writes if not is_internal_channel(c)}
         if error is not None:
             if not isinstance(error, BaseException):
                 error = RuntimeError(str(error))
             if observing:
-                journal.step_finish(run_id, task_id, StepStatus.FAILED,
-                                    error=self.core.cause_of(error).error)
-            self._drain(run_id)
+                self._failed(live, run_id, task_id, update, conf.get("checkpoint_id"), error)
+            with self._cond:
+                lead, live.unwinding = not live.unwinding, True
             state = self._state_of(run_id, conf.get("checkpoint_id"))
-            report = self.core.unwind(run_id, self.core.cause_of(error, failed_node=node),
-                                      fallback_state=state)
-            attach_report(error, report)
-            return
+            return self._claimed(_Unwind(run_id, live,
+                                         self.core.cause_of(error, failed_node=node), error,
+                                         state, lead))
         if not observing:
-            return
-        update = {c: v for c, v in writes if not is_internal_channel(c)}
+            return None
         before = self._state_of(run_id, conf.get("checkpoint_id"))
         after = apply_update(live.channels, before, update)
         journal.step_finish(run_id, task_id, StepStatus.SUCCEEDED, update=update,
@@ -452,6 +506,97 @@ class DropInObserver:
         run = journal.run_get(run_id)
         if run is not None and run.status in _ABORTED:
             # Under "async" a node can finish after the run was unwound: undo it too.
-            self._drain(run_id)
-            self.core.unwind(run_id, self.core.cause_of(None, failed_node=node,
-                                                        reason="invariant"))
+            cause = live.cause or self.core.cause_of(None, failed_node=node, reason="invariant")
+            return _Unwind(run_id, live, cause, None, lead=False, late=task_id)
+        return None
+
+    def _failed(self, live: _Run, run_id: str, task_id: str, update: dict[str, Any],
+                checkpoint_id: str | None, error: BaseException) -> None:
+        """Journal a failed task. Writes to the state beside the error mean the node's body
+        returned and what came after it in the task raised (its router, say): the effect
+        happened, so the step is undone like one that broke an invariant."""
+        info = self.core.cause_of(error).error
+        if not update:
+            self.core.journal.step_finish(run_id, task_id, StepStatus.FAILED, error=info)
+            return
+        after = apply_update(live.channels, self._state_of(run_id, checkpoint_id), update)
+        self.core.journal.step_finish(run_id, task_id, StepStatus.VIOLATED, update=update,
+                                      state_after=after, error=info)
+
+    def _claimed(self, unwind: _Unwind) -> _Unwind:
+        if unwind.lead:
+            unwind.live.cause = unwind.cause
+        return unwind
+
+    # -- carrying out an unwind (sync and async twins) ----------------------------------------
+    def wait_turn(self, run_id: str, task_id: str) -> None:
+        """Wait until every task LangGraph committed before ``task_id`` was observed."""
+        order = self._order_of(run_id)
+        if order is not None:
+            order.wait(lambda: order.ready(task_id), ORDER_TIMEOUT, f"the steps before {task_id}")
+
+    async def await_turn(self, run_id: str, task_id: str) -> None:
+        order = self._order_of(run_id)
+        if order is not None:
+            await order.await_(lambda: order.ready(task_id), ORDER_TIMEOUT,
+                               f"the steps before {task_id}")
+
+    def _order_of(self, run_id: str) -> CommitOrder | None:
+        live = self._runs.get(run_id)
+        return live.order if live is not None and live.order is not None and (
+            live.order.hooked) else None
+
+    def settle(self, unwind: _Unwind) -> None:
+        live, order = unwind.live, unwind.live.order
+        if unwind.lead and unwind.late is None:
+            if order is None or not order.hooked:
+                self._drain(unwind.run_id)
+            elif unwind.siblings:
+                order.wait(order.siblings_observed, SIBLING_TIMEOUT,
+                           f"the tasks running beside the failure of {unwind.run_id}")
+            self._reported(unwind, self.core.unwind(unwind.run_id, unwind.cause,
+                                                    fallback_state=unwind.state))
+            return
+        if order is not None and order.hooked and live.unwinding:
+            order.wait(lambda: live.report is not None, SIBLING_TIMEOUT,
+                       f"the unwind of {unwind.run_id}")
+        else:
+            self._drain(unwind.run_id)
+        if self._missed(unwind):
+            self._reported(unwind, self.core.unwind(unwind.run_id, unwind.cause))
+        elif unwind.error is not None and live.report is not None:
+            attach_report(unwind.error, live.report)
+
+    async def asettle(self, unwind: _Unwind) -> None:
+        live, order = unwind.live, unwind.live.order
+        if unwind.lead and unwind.late is None:
+            if order is None or not order.hooked:
+                await asyncio.to_thread(self._drain, unwind.run_id)
+            elif unwind.siblings:
+                await order.await_(order.siblings_observed, SIBLING_TIMEOUT,
+                                   f"the tasks running beside the failure of {unwind.run_id}")
+            self._reported(unwind, await self.core.aunwind(unwind.run_id, unwind.cause,
+                                                           fallback_state=unwind.state))
+            return
+        if order is not None and order.hooked and live.unwinding:
+            await order.await_(lambda: live.report is not None, SIBLING_TIMEOUT,
+                               f"the unwind of {unwind.run_id}")
+        else:
+            await asyncio.to_thread(self._drain, unwind.run_id)
+        if await asyncio.to_thread(self._missed, unwind):
+            self._reported(unwind, await self.core.aunwind(unwind.run_id, unwind.cause))
+        elif unwind.error is not None and live.report is not None:
+            attach_report(unwind.error, live.report)
+
+    def _missed(self, unwind: _Unwind) -> bool:
+        """Whether a late step has no compensation record: the run's unwind did not see it."""
+        return unwind.late is not None and not any(
+            c.step_id == unwind.late for c in self.core.journal.compensations(unwind.run_id))
+
+    def _reported(self, unwind: _Unwind, report: UnwindReport) -> None:
+        with self._cond:
+            if unwind.live.report is None:
+                unwind.live.report = report
+            self._cond.notify_all()
+        if unwind.error is not None:
+            attach_report(unwind.error, report)
