@@ -239,7 +239,7 @@ def main() -> None:
     # Ctrl-C, or SIGTERM (also when started in the background, where SIGINT is ignored), ends
     # the script through its cleanup.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _terminated)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix=f"chaos-s{args.seed}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -284,11 +284,20 @@ def main() -> None:
             w.stop()
         relay.close()
         ls_proc.terminate()
-        ls_proc.wait(timeout=10)
+        try:
+            ls_proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a loaded machine: don't lose the report for it
+            ls_proc.kill()
+            ls_proc.wait()
     (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     bad = print_report(report)
     print(f"logs and report.json in {log_dir}")
     sys.exit(1 if bad else 0)
+
+
+def _terminated(*_: Any) -> None:
+    print("chaos: SIGTERM from outside; stopping what it started", file=sys.stderr, flush=True)
+    sys.exit(143)
 
 
 def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: list[Worker]
