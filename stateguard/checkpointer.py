@@ -20,7 +20,7 @@ from stateguard.core import GuardCore
 from stateguard.dropin import DropInObserver
 from stateguard.events import EventCallback
 from stateguard.exceptions import ConfigurationError
-from stateguard.journal import Journal
+from stateguard.journal import Journal, PurgingJournal
 from stateguard.retry import CompensationRetry
 from stateguard.runner import GuardRunner, OnError
 from stateguard.tool_policy import OnToolError
@@ -135,7 +135,15 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
                 self._observer.settle(unwind)
 
     def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's checkpoints and forget its run: the journal's record (when the
+        journal can forget one: ``PurgingJournal``) and what the drop-in observer holds."""
         self.saver.delete_thread(thread_id)
+        self._forget(str(thread_id))
+
+    def _forget(self, run_id: str) -> None:
+        self._observer.forget(run_id)
+        if isinstance(self.core.journal, PurgingJournal):
+            self.core.journal.run_purge(run_id)
 
     def get_next_version(self, current: Any, channel: None) -> Any:
         return self.saver.get_next_version(current, channel)
@@ -193,3 +201,4 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self.saver.adelete_thread(thread_id)
+        await asyncio.to_thread(self._forget, str(thread_id))

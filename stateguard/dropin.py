@@ -28,8 +28,9 @@ loads. A guard lives as long as the server, so nothing may outlive its run.
 
 Finding the loop, and numbering its commits (its ``put_writes``, ``tasks`` and
 ``checkpoint_pending_writes``), relies on LangGraph internals (named below and in
-``stateguard.dropin_order``; a test checks them against the pinned version). Should they move, the observer still observes and logs once; a run is then forgotten
-when its loop is collected or, without a loop, only beyond a cap on how many runs are kept.
+``stateguard.dropin_order``; a test checks them against the pinned version). Should they move,
+the observer still observes and logs once; a run is then forgotten when its loop is collected
+or, without a loop, only beyond a cap on how many runs are kept.
 """
 
 from __future__ import annotations
@@ -232,6 +233,11 @@ class DropInObserver:
         with self._cond:
             live.ended = True
             self._forget_if_done(run_id)
+
+    def forget(self, run_id: str) -> None:
+        """Drop what is kept for the run (its thread was deleted)."""
+        with self._cond:
+            self._runs.pop(run_id, None)
 
     # The two below run with the lock held. The lock is re-entrant, and a loop's finalizer may
     # run on a thread that holds it (a garbage collection starts at any allocation): so they

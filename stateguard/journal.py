@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
+from collections import OrderedDict
 from typing import Any, Protocol, runtime_checkable
 
 from stateguard.effects import EffectRecord, settled_status
@@ -98,6 +99,16 @@ class TurnJournal(Protocol):
         error; return the run as it now is."""
 
 
+@runtime_checkable
+class PurgingJournal(Protocol):
+    """A journal that can forget a run (optional; ``InMemoryJournal`` and ``SqliteJournal``
+    can): ``StateGuardCheckpointer.delete_thread`` purges the thread's run with its checkpoints.
+    """
+
+    def run_purge(self, run_id: str) -> None:
+        """Forget the run: its steps, compensations, approvals and effects."""
+
+
 def turn_steps(journal: Journal, run_id: str, run: RunRecord | None = None) -> list[StepRecord]:
     """The steps of the run's current turn (all of them for a journal without turns)."""
     steps = journal.steps(run_id)
@@ -107,14 +118,30 @@ def turn_steps(journal: Journal, run_id: str, run: RunRecord | None = None) -> l
     return [s for s in steps if s.turn == turn]
 
 
+# Runs in these statuses owe nothing to anyone: InMemoryJournal may forget the oldest of them.
+_FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.COMPENSATED})
+
+
 class InMemoryJournal:
     """A thread-safe journal held in this process; the default, and the test double.
 
     It stores the objects it is given (no copies on the hot path), so it costs next to nothing per
     step; readers get copies.
+
+    A run keeps every step's update and state (a few KB for a small state), and a guard lives as
+    long as the server: so it keeps the ``max_finished_runs`` most recently finished runs
+    (succeeded or compensated) and forgets older ones, with their effects (``None``: keep every
+    run). A run that is running, paused, failed or needs attention is never forgotten this
+    way. ``run_purge`` (what ``delete_thread`` calls) forgets one at once. A journal shared by
+    processes, or one that must keep history, is ``SqliteJournal`` or the web app's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_finished_runs: int | None = 10_000) -> None:
+        if max_finished_runs is not None and (
+                not isinstance(max_finished_runs, int) or max_finished_runs < 1):
+            raise ValueError("max_finished_runs must be a positive int, or None to keep all")
+        self.max_finished_runs = max_finished_runs
+        self._finished: OrderedDict[str, None] = OrderedDict()  # oldest finished first
         self._lock = threading.Lock()
         self._runs: dict[str, RunRecord] = {}
         self._steps: dict[str, dict[str, StepRecord]] = {}
@@ -143,12 +170,36 @@ class InMemoryJournal:
             if error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
                 run.error = error
             run.updated_at = time.time()
+            self._note_status(run_id, status)
+
+    def _note_status(self, run_id: str, status: RunStatus) -> None:
+        """Keep the finished runs in the order they finished, and forget the oldest beyond
+        the cap. Called with the lock held."""
+        if status not in _FINISHED:
+            self._finished.pop(run_id, None)
+            return
+        self._finished[run_id] = None
+        self._finished.move_to_end(run_id)
+        while self.max_finished_runs is not None and len(self._finished) > self.max_finished_runs:
+            self._forget(next(iter(self._finished)))
+
+    def run_purge(self, run_id: str) -> None:
+        with self._lock:
+            self._forget(run_id)
+
+    def _forget(self, run_id: str) -> None:
+        for held in (self._runs, self._steps, self._done_seq, self._comps, self._approvals,
+                     self._finished):
+            held.pop(run_id, None)
+        for key in [k for k, e in self._effects.items() if e.run_id == run_id]:
+            del self._effects[key]
 
     def run_next_turn(self, run_id: str) -> RunRecord:
         with self._lock:
             run = self._runs.setdefault(run_id, RunRecord(run_id))
             run.turn += 1
             run.status, run.error, run.updated_at = RunStatus.RUNNING, None, time.time()
+            self._note_status(run_id, run.status)
             return copy.copy(run)
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:

@@ -169,6 +169,12 @@ class SqliteJournal:
         assert run is not None
         return run
 
+    def run_purge(self, run_id: str) -> None:
+        with self._tx() as db:
+            for table in ("sg_attempts", "sg_compensations", "sg_approvals", "sg_steps",
+                          "sg_effects", "sg_runs"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         now = time.time()
         with self._tx() as db:

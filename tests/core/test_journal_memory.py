@@ -1,0 +1,131 @@
+"""What a guard keeps for runs in a long-lived process (issue 12, item 14): delete_thread
+forgets a thread's run, and InMemoryJournal keeps a bounded number of finished runs."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+from stateguard import (
+    Compensation,
+    CompensationRetry,
+    Effect,
+    InMemoryJournal,
+    RunNotFound,
+    RunStatus,
+    SagaAborted,
+    SqliteJournal,
+    StateGuardCheckpointer,
+    record_effect,
+)
+from tests.core.support import FAST_RETRY, config, line_builder, undo
+
+NODES = ["charge", "ship"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the drop-in's durability warning
+        yield
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    if request.param == "memory":
+        yield {"saver": InMemorySaver(), "journal": InMemoryJournal()}
+        return
+    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
+    try:
+        yield {"saver": SqliteSaver(conn), "journal": SqliteJournal(tmp_path / "journal.db")}
+    finally:
+        conn.close()
+
+
+def charge_recording(state: dict[str, Any]) -> dict[str, Any]:
+    record_effect(Effect("stripe", "charge", f"pi_{state.get('fail_at', 'ok')}", amount=100))
+    return {}
+
+
+def test_it_forgets_a_deleted_threads_run_in_the_journal_and_the_observer(
+        stores: dict[str, Any]) -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(stores["saver"], journal=stores["journal"],
+                                   compensations={"charge": undo(effects, "charge")},
+                                   compensation_retry=FAST_RETRY)
+    graph = line_builder(NODES, effects, {"charge": charge_recording}).compile(
+        checkpointer=guard)
+    with pytest.raises(ValueError):
+        graph.invoke({"fail_at": "ship"}, config("gone"))
+    graph.invoke({}, config("kept"))
+    assert guard.status("gone").effects  # a step, a compensation and an effect to forget
+
+    guard.delete_thread("gone")
+
+    with pytest.raises(RunNotFound):
+        guard.status("gone")
+    assert graph.get_state(config("gone")).values == {}
+    assert guard.status("kept").run.status == RunStatus.SUCCEEDED  # other threads untouched
+    assert [e.effect.external_id for e in guard.status("kept").effects] == ["pi_ok"]
+    assert guard._observer._runs == {}
+    # The thread starts afresh: a new saga, nothing of the old one left to undo.
+    effects.clear()
+    with pytest.raises(ValueError):
+        graph.invoke({"fail_at": "ship"}, config("gone"))
+    assert effects == ["charge", "undo:charge"]
+
+
+def test_it_forgets_a_deleted_threads_run_when_deleted_from_async_code() -> None:
+    guard = StateGuardCheckpointer()
+    graph = guard.compile(line_builder(NODES, []))
+
+    async def main() -> None:
+        await guard.ainvoke(graph, {}, config("a"))
+        await guard.adelete_thread("a")
+
+    asyncio.run(main())
+    with pytest.raises(RunNotFound):
+        guard.status("a")
+
+
+def test_it_keeps_a_bounded_number_of_finished_runs_in_memory() -> None:
+    journal = InMemoryJournal(max_finished_runs=20)
+
+    def refund_down(state: Any, ctx: Any) -> bool:
+        raise ConnectionError("refunds down")
+
+    guard = StateGuardCheckpointer(journal=journal, compensation_retry=FAST_RETRY,
+                                   compensations={"charge": Compensation(
+                                       refund_down, retry=CompensationRetry(attempts=1))})
+    graph = guard.compile(line_builder(NODES, []))
+    with pytest.raises(SagaAborted):  # needs attention: kept whatever the cap
+        guard.invoke(graph, {"fail_at": "ship"}, config("owed"))
+    for i in range(100):
+        guard.invoke(graph, {}, config(f"t{i}"))
+
+    kept = [i for i in range(100) if journal.run_get(f"t{i}") is not None]
+    assert kept == list(range(80, 100))  # the 20 most recently finished
+    assert guard.status("owed").run.status == RunStatus.NEEDS_ATTENTION
+    assert len(journal._steps) == len(journal._runs) == 21
+
+
+def test_it_keeps_every_run_when_told_to() -> None:
+    journal = InMemoryJournal(max_finished_runs=None)
+    guard = StateGuardCheckpointer(journal=journal)
+    graph = guard.compile(line_builder(NODES, []))
+    for i in range(30):
+        guard.invoke(graph, {}, config(f"t{i}"))
+    assert all(journal.run_get(f"t{i}") for i in range(30))
+
+
+def test_it_refuses_a_cap_that_is_not_a_positive_number() -> None:
+    with pytest.raises(ValueError, match="max_finished_runs"):
+        InMemoryJournal(max_finished_runs=0)
