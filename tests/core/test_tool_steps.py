@@ -90,6 +90,23 @@ def test_it_undoes_the_calls_that_succeeded_beside_a_failing_one_newest_first(
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", SHAPES)
+def test_it_refunds_a_charge_still_running_when_its_sibling_call_fails(
+        shape: Shape, form: Form) -> None:
+    # The booking fails after 150 ms, the 300.00 charge answers after 300 ms: the unwind must
+    # not settle the run before the charge it will have made is journaled.
+    world = Travel()
+    guard = make_guard(world)
+    script = [ask(("charge_card", {"amount": 30000}), ("book_flight", {"destination": "nowhere"})),
+              say("booked")]
+    _, error = run_agent(form, shape, world, script, guard, "late")
+
+    assert error is not None
+    assert world.refunded == [world.charges[0][0]]
+    assert guard.status("late").run.status == RunStatus.COMPENSATED
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
 def test_it_unwinds_a_tool_error_the_model_was_told_of_by_default(
         shape: Shape, form: Form) -> None:
     world = Travel()
