@@ -52,3 +52,28 @@ def test_it_runs_the_travel_agent_on_a_worker_one_tool_call_per_step(
     assert charges == [(31_00, 31_00), (42_00, 0)]  # the failed trip's charge refunded once
     assert len(stripe_client.v1.refunds.list().data) == 1
     assert (sandbox / "outbox").exists() and len(list((sandbox / "outbox").iterdir())) == 1
+
+
+def test_it_waits_for_an_operator_before_a_charge_over_100_and_charges_once(
+        workers: Workers, sandbox: Path, localstripe_url: str,
+        stripe_client: stripe.StripeClient) -> None:
+    workers.env.update(STRIPE_API_BASE=localstripe_url, STRIPE_API_KEY="sk_test_stateguard")
+    workers.start("w1")
+    run = services.run_submit(agent="travel", by="alice", input={
+        "email": "carol@example.com", "destination": "Oslo", "nights": 3, "amount": 250_00})
+    wait_for(lambda: settled(run, Run.Status.PAUSED), 60, "the charge's gate", workers.logs)
+
+    [approval] = run.approvals.all()
+    # the operator sees the call the model asked for, before it runs
+    assert approval.node == "charge_card"
+    assert approval.payload["args"] == {"amount": 250_00, "currency": "usd",
+                                        "email": "carol@example.com"}
+    assert stripe_client.v1.charges.list().data == []
+
+    services.run_approve(run=run, by="bob")
+    wait_for(lambda: settled(run, Run.Status.SUCCEEDED), 60, "the trip to be booked",
+             workers.logs)
+    assert [(c.amount, c.amount_refunded) for c in stripe_client.v1.charges.list().data] == [
+        (250_00, 0)]
+    assert tool_steps(run) == [("charge_card", "succeeded"), ("reserve_hotel", "succeeded"),
+                               ("send_confirmation", "succeeded")]
