@@ -62,6 +62,7 @@ from stateguard.lifecycle import NEXT_TURN
 from stateguard.records import RunStatus, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.state import apply_update, is_internal_channel, state_values
+from stateguard.subgraphs import mark_subgraphs
 from stateguard.tools import install, tool_nodes, tools_of
 from stateguard.unwind import Cause
 
@@ -340,9 +341,12 @@ class DropInObserver:
         with self._cond:
             known = self._graphs.get(graph)
         if known is None:
-            nodes = {name: node_tags(node.metadata) for name, node in graph.nodes.items()
-                     if not name.startswith("__")}
-            with_tools = tool_nodes({name: node.bound for name, node in graph.nodes.items()})
+            runnables = {name: node.bound for name, node in graph.nodes.items()}
+            nodes = mark_subgraphs(self.core.spec,
+                                   {name: node_tags(node.metadata) for name, node
+                                    in graph.nodes.items() if not name.startswith("__")},
+                                   runnables)
+            with_tools = tool_nodes(runnables)
             self.core.spec.validate_names(nodes, tools_of(with_tools))
             for tool_node in with_tools.values():
                 install(tool_node, graph.channels)  # tool calls are steps (stateguard.tools)

@@ -28,6 +28,7 @@ from stateguard.events import Event, emit
 from stateguard.exceptions import ApprovalRejected, InvariantViolation
 from stateguard.records import ApprovalRecord, ApprovalStatus, ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
+from stateguard.subgraphs import mark_subgraphs
 
 if TYPE_CHECKING:
     from stateguard.core import GuardCore
@@ -56,8 +57,10 @@ def instrument(builder: Builder, core: GuardCore) -> Builder:
 
     from stateguard.tools import install, tool_nodes, tools_of
 
-    nodes = {name: tuple(node_tags(spec.metadata)) for name, spec in builder.nodes.items()}
-    with_tools = tool_nodes({name: spec.runnable for name, spec in builder.nodes.items()})
+    runnables = {name: spec.runnable for name, spec in builder.nodes.items()}
+    nodes = mark_subgraphs(core.spec, {name: node_tags(spec.metadata)
+                                       for name, spec in builder.nodes.items()}, runnables)
+    with_tools = tool_nodes(runnables)
     core.spec.validate_names(nodes, tools_of(with_tools))
     for tool_node in with_tools.values():
         install(tool_node, builder.channels)  # tool calls are steps (stateguard.tools)

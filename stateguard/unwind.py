@@ -35,6 +35,7 @@ from stateguard.records import (
 from stateguard.report import CompensationOutcome, UnwindReport
 from stateguard.retry import CompensationRetry
 from stateguard.spec import Compensation, GuardSpec
+from stateguard.subgraphs import SUBGRAPH_TAG
 from stateguard.tool_calls import tool_call_of
 
 
@@ -74,7 +75,10 @@ def plan(journal: Journal, run_id: str, spec: GuardSpec, *, include_in_doubt: bo
         if step.status == StepStatus.STARTED:
             return include_in_doubt
         comp = spec.compensation_for(step.node, step.tags)
-        return step.status == StepStatus.FAILED and comp is not None and comp.in_doubt_safe
+        if step.status != StepStatus.FAILED or comp is None:
+            return False
+        # A subgraph that raised may have had inner effects first: never "no effect".
+        return comp.in_doubt_safe or SUBGRAPH_TAG in step.tags
 
     doubtful = sorted((s for s in steps if unknown(s)), key=lambda s: s.started_at, reverse=True)
     return ([_Planned(s, spec.compensation_for(s.node, s.tags), True) for s in doubtful]
