@@ -182,7 +182,8 @@ class GuardSpec:
         if unknown:
             raise ConfigurationError(
                 f"compensations name no node, tool or tag of the graph: {unknown}; {known}")
-        unknown = sorted(k for k in self.approvals if k not in nodes and k not in tools)
+        unknown = sorted(k for k in self.approvals
+                         if k not in nodes and k not in tools and k not in tool_tags)
         if unknown:
             raise ConfigurationError(
                 f"approvals name no node or tool of the graph: {unknown}; {known}")

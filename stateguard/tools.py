@@ -210,8 +210,9 @@ class _ToolCallGuard:
         call = _Call(core, request, tool_step_id(str(task_id), str(
             request.tool_call.get("id") or "")), str(conf["thread_id"]))
         approvals = core.spec.approvals
-        if call.name in approvals:
-            predicate = approvals[call.name]
+        gate = next((k for k in (call.name, *call.tags) if k in approvals), None)
+        if gate is not None:
+            predicate = approvals[gate]
             if predicate is None or predicate(call.args):
                 approval_gate(core, call.run_id, call.step_id, call.name,
                               {"tool": call.name, "tool_call_id": call.call_id,

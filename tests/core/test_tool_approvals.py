@@ -88,3 +88,17 @@ def test_it_validates_approvals_against_the_tools() -> None:
     guard = StateGuardCheckpointer(approvals={"charge_cards": None})
     with pytest.raises(ConfigurationError, match="approvals name no node or tool"):
         guard.compile(agent("v2", world, [say("hi")]))
+
+
+def test_it_gates_the_calls_of_a_tool_by_its_tag() -> None:
+    world = Travel()
+    guard = StateGuardCheckpointer(compensations={"inventory": world.release},
+                                   approvals={"inventory": None})  # reserve_seat's tag
+    graph = guard.compile(agent("v2", world, [ask(("reserve_seat", {"seat": "3C"})),
+                                              say("held")]))
+    guard.invoke(graph, go(), config("tagged"))
+    [approval] = guard.status("tagged").pending_approvals
+    assert approval.node == "reserve_seat" and world.seats == []
+
+    guard.approve(graph, config("tagged"), by="alice")
+    assert world.seats == ["3C"]
