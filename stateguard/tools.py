@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -106,15 +106,21 @@ def install(node: ToolNode, channels: Mapping[str, Any]) -> None:
     setattr(node, _INSTALLED, guard)
 
 
+@contextlib.contextmanager
+def _collecting_failures() -> Iterator[list[ToolCallFailed]]:
+    failed: list[ToolCallFailed] = []
+    token = _failures.set(failed)
+    try:
+        yield failed
+    finally:
+        _failures.reset(token)
+
+
 def _failing(body: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(body)
     def run(*args: Any, **kwargs: Any) -> Any:
-        failed: list[ToolCallFailed] = []
-        token = _failures.set(failed)
-        try:
+        with _collecting_failures() as failed:
             out = body(*args, **kwargs)
-        finally:
-            _failures.reset(token)
         if failed:
             raise failed[0]
         return out
@@ -124,12 +130,8 @@ def _failing(body: Callable[..., Any]) -> Callable[..., Any]:
 def _afailing(body: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     @functools.wraps(body)
     async def run(*args: Any, **kwargs: Any) -> Any:
-        failed: list[ToolCallFailed] = []
-        token = _failures.set(failed)
-        try:
+        with _collecting_failures() as failed:
             out = await body(*args, **kwargs)
-        finally:
-            _failures.reset(token)
         if failed:
             raise failed[0]
         return out

@@ -16,13 +16,14 @@ from stateguard import SqliteJournal
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.core.procs", str(tmp_path), *args],
+def start(tmp_path: Path, *args: str, module: str = "tests.core.procs"
+          ) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", module, str(tmp_path), *args],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def run(tmp_path: Path, *args: str) -> dict[str, Any]:
-    proc = start(tmp_path, *args)
+def run(tmp_path: Path, *args: str, module: str = "tests.core.procs") -> dict[str, Any]:
+    proc = start(tmp_path, *args, module=module)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     return json.loads(out.strip().splitlines()[-1])

@@ -3,32 +3,18 @@ in doubt; what came before it is undone."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from tests.core.test_processes import ROOT, effects
+from tests.core.test_processes import effects, run, start
 
-
-def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tests.core.tool_procs", str(tmp_path), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def run(tmp_path: Path, *args: str) -> dict[str, Any]:
-    proc = start(tmp_path, *args)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+TOOL_PROCS = "tests.core.tool_procs"
 
 
 def kill_inside_the_charge(tmp_path: Path, shape: str) -> None:
-    proc = start(tmp_path, "t", shape, "invoke", "--hang", "--lease", "1")
+    proc = start(tmp_path, "t", shape, "invoke", "--hang", "--lease", "1", module=TOOL_PROCS)
     deadline = time.monotonic() + 30
     while "started:4200" not in effects(tmp_path):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
@@ -42,7 +28,7 @@ def test_it_leaves_the_call_in_doubt_for_an_operator(tmp_path: Path) -> None:
     shape = "v2"  # the charge is a Send task of its own
     kill_inside_the_charge(tmp_path, shape)
 
-    out = run(tmp_path, "t", shape, "recover")
+    out = run(tmp_path, "t", shape, "recover", module=TOOL_PROCS)
 
     assert out["status"] == "needs_attention", out
     assert out["compensations"] == {"charge_card": "skipped_in_doubt",
@@ -55,7 +41,7 @@ def test_it_runs_an_in_doubt_safe_compensation_with_the_calls_arguments(
     shape = "v1"  # the charge runs inside the tools node's task
     kill_inside_the_charge(tmp_path, shape)
 
-    out = run(tmp_path, "t", shape, "recover", "--safe")
+    out = run(tmp_path, "t", shape, "recover", "--safe", module=TOOL_PROCS)
 
     assert out["status"] == "compensated", out
     assert effects(tmp_path) == ["seat:12A", "started:4200", "refund:4200:in_doubt=True",
