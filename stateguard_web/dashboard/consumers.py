@@ -20,6 +20,7 @@ import json
 import uuid
 from typing import Any
 
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
@@ -30,6 +31,7 @@ from stateguard_web.sagas.models import Batch, Run
 
 MAX_FRAME = 1024
 CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 1003, 1009
+_FORWARDED = frozenset({"run.events", "batch.events"})  # the publisher's batches
 _REMEMBERED = 10_000  # run codes a submitter's list socket remembers as its own or not
 
 
@@ -48,6 +50,17 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
         self.group = group
         await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Channels' ``dispatch``, without its hop to the sync thread before each message
+        (``aclose_old_connections``) for the publisher's batches: every open page gets each
+        one, and the hops, queued on that one thread, were a third of the server's CPU per frame
+        (P5, docs/benchmarks.md). Their handlers that read the database do so through
+        ``database_sync_to_async``, which closes stale connections itself."""
+        if message["type"] in _FORWARDED:
+            await getattr(self, get_handler_name(message))(message)
+            return
+        await super().dispatch(message)
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None and self.channel_layer is not None:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -22,7 +23,12 @@ from stateguard import Event
 
 logger = logging.getLogger("stateguard.events")
 ALL_RUNS_GROUP = "runs"
-_COALESCE = 0.05  # seconds: live views lag at most this much behind the journal
+# An event whose fact is not committed yet (a step row waiting for LangGraph's next write, see
+# ``journal.step_rows``) waits for that commit (``committed()``), at most this long.
+_HOLD = 0.05  # seconds
+# The runs list's group gets at most one message per this many seconds from a process: every
+# open list page receives each one (P5, docs/benchmarks.md: Daphne's cost grows with frames).
+_LIST_GAP = 0.05  # seconds
 
 
 def run_group(code: str) -> str:
@@ -40,32 +46,74 @@ def _message_type(group: str) -> str:
 
 
 class _Publisher:
-    """Sends from one event loop in a daemon thread; events that arrive while a send is in
-    flight are batched into one message per group (a five-step run emits about a dozen)."""
+    """Sends from one event loop in a daemon thread, one message per group with every event
+    waiting for it, oldest first.
+
+    An event goes as soon as what it reports is committed: at once if it is (``written``), else
+    when the write carrying it commits (``committed()``, called by the checkpoint saver) or,
+    failing that, after ``_HOLD``. Events behind a held one wait with it (order). A run's page
+    then hears of a step a send after its commit; the runs list, which every list page hears,
+    gets at most one message per ``_LIST_GAP``, its events batched."""
 
     def __init__(self) -> None:
         self.layer = get_channel_layer()
-        self.pending: dict[str, list[dict[str, Any]]] = {}
-        self.lock = threading.Lock()
-        self.wake = threading.Event()
+        self.cond = threading.Condition()
+        self.held: dict[str, list[dict[str, Any]]] = {}  # not known to be committed yet
+        self.held_since = 0.0
+        self.commit_seen = False
+        self.ready: dict[str, list[dict[str, Any]]] = {}
+        self.list_next = 0.0  # when the runs list may get its next message
         threading.Thread(target=self._run, name="stateguard-events", daemon=True).start()
 
-    def send(self, groups: tuple[str, ...], payload: dict[str, Any]) -> None:
+    def send(self, groups: tuple[str, ...], payload: dict[str, Any], *,
+             written: bool = False) -> None:
         if self.layer is None:
             return
-        with self.lock:
+        with self.cond:
+            if not self.held and written:
+                target = self.ready
+            else:  # behind a held event: after it. Written, it tells that the held ones are
+                target = self.held  # committed too (the journal writes a run in order)
+                if not self.held:
+                    self.held_since = time.monotonic()
+                self.commit_seen = self.commit_seen or written
             for group in groups:
-                self.pending.setdefault(group, []).append(payload)
-        self.wake.set()
+                target.setdefault(group, []).append(payload)
+            self.cond.notify()
+
+    def committed(self) -> None:
+        """A write that carried journal rows committed: what is held may go."""
+        with self.cond:
+            if self.held:
+                self.commit_seen = True
+                self.cond.notify()
+
+    def _take(self) -> dict[str, list[dict[str, Any]]]:
+        """Wait for something to send, and take it (under ``cond``)."""
+        while True:
+            now = time.monotonic()
+            if self.held and (self.commit_seen or now >= self.held_since + _HOLD):
+                for group, events in self.held.items():
+                    self.ready.setdefault(group, []).extend(events)
+                self.held, self.commit_seen = {}, False
+            out = {g: e for g, e in self.ready.items()
+                   if g != ALL_RUNS_GROUP or now >= self.list_next}
+            if out:
+                for group in out:
+                    del self.ready[group]
+                if ALL_RUNS_GROUP in out:
+                    self.list_next = now + _LIST_GAP
+                return out
+            waits = [self.held_since + _HOLD - now] if self.held else []
+            if ALL_RUNS_GROUP in self.ready:
+                waits.append(self.list_next - now)
+            self.cond.wait(max(0.0, min(waits)) if waits else None)
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         while True:
-            self.wake.wait()
-            time.sleep(_COALESCE)  # let a run's next events join this batch
-            self.wake.clear()
-            with self.lock:
-                batch, self.pending = self.pending, {}
+            with self.cond:
+                batch = self._take()
             try:
                 loop.run_until_complete(self._send(batch))
             except Exception as exc:  # Redis down: drop this batch, keep the thread
@@ -102,6 +150,7 @@ class _Publisher:
 
 _publisher: _Publisher | None = None
 _lock = threading.Lock()
+_journal_holds: Callable[[str], bool] | None = None  # see watch_journal
 
 
 def _get() -> _Publisher:
@@ -121,7 +170,24 @@ def publish(event: Event) -> None:
     """The guard's ``on_event``: forward the event to the run's group and the run list.
 
     Consumers receive ``{"type": "run.events", "events": [payload, ...]}``, oldest first."""
-    _publish(event.run_id, event_payload(event))
+    holds = _journal_holds
+    _publish(event.run_id, event_payload(event),
+             written=holds is not None and not holds(event.run_id))
+
+
+def watch_journal(holds: Callable[[str], bool]) -> None:
+    """Tell ``publish`` how to know that the journal has yet to write something of a run (a
+    step row that goes with LangGraph's next write): its events then wait for ``committed()``.
+    Without it, every guard event waits for a commit, or ``_HOLD``."""
+    global _journal_holds
+    _journal_holds = holds
+
+
+def committed() -> None:
+    """A write that carried the journal's deferred rows committed (the checkpoint saver calls
+    this): the events waiting for it go now."""
+    if _publisher is not None:
+        _publisher.committed()
 
 
 def publish_change(run_code: object, type: str, **data: Any) -> None:
@@ -132,20 +198,20 @@ def publish_change(run_code: object, type: str, **data: Any) -> None:
     surrounding transaction commits, like the guard's."""
     code = str(run_code)
     _publish(code, {"type": type, "run": code, "node": None, "step_id": None, "data": data,
-                    "at": time.time()})
+                    "at": time.time()}, written=True)
 
 
-def _publish(run_id: str, payload: dict[str, Any]) -> None:
+def _publish(run_id: str, payload: dict[str, Any], *, written: bool) -> None:
     groups = (run_group(run_id), ALL_RUNS_GROUP)
     if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(lambda: _safe_send(groups, payload))
-    else:  # autocommit: what the event reports is written already (or goes with the checkpoint)
-        _safe_send(groups, payload)
+        transaction.on_commit(lambda: _safe_send(groups, payload, written=True))
+    else:  # autocommit: written already, or it goes with the journal's next write
+        _safe_send(groups, payload, written=written)
 
 
-def _safe_send(groups: tuple[str, ...], payload: dict[str, Any]) -> None:
+def _safe_send(groups: tuple[str, ...], payload: dict[str, Any], *, written: bool) -> None:
     try:
-        _get().send(groups, payload)
+        _get().send(groups, payload, written=written)
     except Exception:
         logger.exception("could not publish a live update")
 
@@ -157,6 +223,6 @@ def publish_batch(code: object, type: str, **data: Any) -> None:
     payload = {"type": type, "batch": str(code), "data": data, "at": time.time()}
     groups = (batch_group(code),)
     if transaction.get_connection().in_atomic_block:
-        transaction.on_commit(lambda: _safe_send(groups, payload))
+        transaction.on_commit(lambda: _safe_send(groups, payload, written=True))
     else:
-        _safe_send(groups, payload)
+        _safe_send(groups, payload, written=True)

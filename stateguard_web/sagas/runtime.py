@@ -24,6 +24,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from agents import registry
 from agents.registry import AgentSettings, AgentSpec
 from stateguard import StateGuardCheckpointer
+from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
 
@@ -31,7 +32,9 @@ from stateguard_web.sagas.journal import DjangoJournal, pg
 @cache
 def journal() -> DjangoJournal:
     """The process's journal, shared by every agent's guard and the checkpoint saver."""
-    return DjangoJournal(defer_steps=connection.vendor == "postgresql")
+    made = DjangoJournal(defer_steps=connection.vendor == "postgresql")
+    events.watch_journal(made.holds)  # live updates wait for the rows they tell of
+    return made
 
 
 @cache

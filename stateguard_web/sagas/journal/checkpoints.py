@@ -24,6 +24,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, Checkpoint, CheckpointMetadata
 from langgraph.checkpoint.postgres import PostgresSaver
 
+from stateguard_web.sagas import events
 from stateguard_web.sagas.journal.django_journal import DjangoJournal, LeaseLost, is_fenced_out
 from stateguard_web.sagas.journal.step_rows import FENCE_KEY
 
@@ -80,6 +81,8 @@ class JournalingPostgresSaver(PostgresSaver):
                 if pending is not None:
                     statement, taken = pending
                     cur.execute(*statement)
+            if taken is not None:
+                events.committed()  # the live updates about these rows may go
         except BaseException as exc:
             # The rows did not commit. Unless the run is no longer ours, they wait for the
             # next write: a body that ran stays journaled, late rather than never.

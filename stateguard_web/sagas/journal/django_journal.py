@@ -38,6 +38,7 @@ from stateguard.records import (
     StepStatus,
     json_default,
 )
+from stateguard_web.sagas import events
 from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 from stateguard_web.sagas.models import (
     Approval,
@@ -177,6 +178,11 @@ class DjangoJournal:
     def give_back(self, run_id: str, taken: Taken) -> None:
         self._buffer.give_back(run_id, taken)
 
+    def holds(self, run_id: str) -> bool:
+        """Whether the run has a status or step rows not written yet (live updates about them
+        wait for the write that carries them: ``events.watch_journal``)."""
+        return self.defers_steps and self._buffer.holds(run_id)
+
     def _flush(self, run_id: str) -> None:
         """Write the run's pending status and step rows now, on this thread's connection."""
         if not self.defers_steps:
@@ -193,6 +199,8 @@ class DjangoJournal:
                 raise LeaseLost(run_id) from exc
             self.give_back(run_id, taken)
             raise
+        if taken is not None:
+            events.committed()  # autocommit: written
 
     # -- helpers ----------------------------------------------------------------------------
     @contextmanager

@@ -134,6 +134,12 @@ class StepBuffer:
             if taken.status is not None:
                 self._status.setdefault(run_id, taken.status)
 
+    def holds(self, run_id: str) -> bool:
+        """Whether something of the run waits for a write: a status, a row, a start."""
+        with self._lock:
+            return (run_id in self._status or bool(self._done.get(run_id))
+                    or any(row.new for row in self._running.get(run_id, {}).values()))
+
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._done.pop(run_id, None)
