@@ -16,7 +16,7 @@ from stateguard_web.dashboard import pages
 def _nav(user: Any) -> dict[str, Any]:
     sees_runs = access.may(user, Ability.VIEW)
     counts = pages.inbox_counts(user) if sees_runs else {"approvals": 0, "attention": 0}
-    return {"role": pages.role_of(user), "sees_runs": sees_runs, **counts}
+    return {"role": pages.role_of(user), "sees_runs": sees_runs, "cap": pages.COUNT_CAP, **counts}
 
 
 def nav(request: HttpRequest) -> dict[str, Any]:

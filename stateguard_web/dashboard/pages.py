@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db import connections
+from django.db.models import QuerySet
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
@@ -27,6 +28,10 @@ from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Ste
 
 PAGE_SIZE = 50
 INBOX_LIMIT = 200
+# Counts on every list page and in the navigation stop here ("1000+"): each is an index range
+# of at most this many entries, where counting every one of 100 000 runs was a full scan on
+# each page view (P5, docs/benchmarks.md). Rare statuses, the ones operators act on, stay exact.
+COUNT_CAP = 1000
 # The inboxes: runs that wait for a person. A failed run is held for an operator too (retry
 # it, or compensate it), so it is in "needs attention" beside the runs whose undo failed.
 ATTENTION = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED)
@@ -47,9 +52,11 @@ def role_of(user: Any) -> str:
 
 def approvals_waiting(user: Any) -> QuerySet[Approval]:
     """Pending approvals of the paused runs ``user`` may see, oldest first."""
-    return (Approval.objects.filter(status=Approval.Status.PENDING, run__status=Run.Status.PAUSED,
-                                    run__in=access.visible_runs(user))
-            .select_related("run", "run__submitted_by").order_by("requested_at", "pk"))
+    approvals = Approval.objects.filter(status=Approval.Status.PENDING,
+                                        run__status=Run.Status.PAUSED)
+    if not access.reads_all_runs(user):  # else every run: no second join to the runs
+        approvals = approvals.filter(run__in=access.visible_runs(user))
+    return approvals.select_related("run", "run__submitted_by").order_by("requested_at", "pk")
 
 
 def runs_needing_attention(user: Any) -> QuerySet[Run]:
@@ -58,9 +65,29 @@ def runs_needing_attention(user: Any) -> QuerySet[Run]:
             .select_related("submitted_by").order_by("updated_at", "pk"))
 
 
+def capped_count(runs: QuerySet[Any]) -> int:
+    """How many rows ``runs`` has, up to ``COUNT_CAP + 1`` (meaning "more than the cap")."""
+    return int(runs.order_by()[:COUNT_CAP + 1].count())
+
+
+def _capped_counts_by_status(runs: QuerySet[Run]) -> dict[str, int]:
+    """``capped_count`` of each status of ``runs``, in one round trip: per status, a count over
+    a LIMITed index range, the ranges joined by UNION ALL."""
+    selects, params = [], []
+    for i, (value, _) in enumerate(Run.Status.choices):
+        limited = runs.filter(status=value).order_by().values("pk")[:COUNT_CAP + 1]
+        sql, limited_params = limited.query.sql_with_params()
+        selects.append(f"SELECT %s, COUNT(*) FROM ({sql}) AS s{i}")
+        params += [value, *limited_params]
+    with connections[runs.db].cursor() as cursor:
+        cursor.execute(" UNION ALL ".join(selects), params)
+        return {value: int(n) for value, n in cursor.fetchall()}
+
+
 def inbox_counts(user: Any) -> dict[str, int]:
-    return {"approvals": approvals_waiting(user).count(),
-            "attention": runs_needing_attention(user).count()}
+    """The navigation's counts, capped (``capped_count``)."""
+    return {"approvals": capped_count(approvals_waiting(user)),
+            "attention": capped_count(runs_needing_attention(user))}
 
 
 # -- the runs list --------------------------------------------------------------------------
@@ -75,37 +102,45 @@ class Chip:
     label: str
     count: int
     active: bool
+    capped: bool = False  # there are more than ``count``
 
 
 @dataclass(slots=True)
 class RunListPage:
     runs: list[Run]
     chips: list[Chip]
-    total: int  # runs matching every filter
+    total: int  # runs matching every filter (at least, if capped)
     page: int
-    pages: int
+    pages: int  # at least, if capped
+    capped: bool = False
+    more: bool = False  # there is a next page
 
 
 def run_list_page(*, user: Any, status: str = "", agent: str = "", q: str = "",
                   created_after: datetime | None = None, created_before: datetime | None = None,
                   page: int = 1) -> RunListPage:
     """One page of the runs ``user`` may see, newest first, and the count of each status under
-    the other filters (the chips). The total comes from those counts: no second count query."""
+    the other filters (the chips), each capped at ``COUNT_CAP``: one index range per status
+    (the (status, -created_at) index), never a count of every run. The total comes from those
+    counts; past the cap the page knows only whether there is a next one."""
     filters = {"agent": agent or None, "q": q or None, "created_after": created_after,
                "created_before": created_before}
     visible = access.visible_runs(user)
     unfiltered = selectors.run_list(runs=visible, **filters)
-    counts = dict(unfiltered.order_by().values_list("status").annotate(n=Count("pk")))
-    total_all = sum(counts.values())
-    chips = [Chip("", "All", total_all, not status)]
-    chips += [Chip(value, label, counts.get(value, 0), status == value)
-              for value, label in Run.Status.choices]
-    total = counts.get(status, 0) if status else total_all
+    counts = _capped_counts_by_status(unfiltered)
+    chips = [Chip(value, label, min(counts[value], COUNT_CAP), status == value,
+                  counts[value] > COUNT_CAP) for value, label in Run.Status.choices]
+    every = Chip("", "All", sum(c.count for c in chips), not status, any(c.capped for c in chips))
+    chips.insert(0, every)
+    chosen = next(c for c in chips if c.active) if status in counts else every
+    total, capped = chosen.count, chosen.capped
     pages = max(1, -(-total // PAGE_SIZE))
-    page = min(max(page, 1), pages)
+    page = max(page, 1) if capped else min(max(page, 1), pages)
     runs = selectors.run_list(runs=visible, status=status or None, **filters)
     offset = (page - 1) * PAGE_SIZE
-    return RunListPage(list(runs[offset:offset + PAGE_SIZE]), chips, total, page, pages)
+    rows = list(runs[offset:offset + PAGE_SIZE + 1])
+    return RunListPage(rows[:PAGE_SIZE], chips, total, page, pages, capped,
+                       len(rows) > PAGE_SIZE)
 
 
 # -- a run's detail ---------------------------------------------------------------------------

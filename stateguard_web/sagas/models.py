@@ -224,6 +224,12 @@ class Approval(models.Model):
             models.UniqueConstraint(fields=["run", "node"], condition=Q(status="pending"),
                                     name="sagas_approval_one_pending_per_node"),
         ]
+        indexes = [
+            # The approvals inbox and the navigation's count: the pending few, oldest first,
+            # without reading every approval ever decided (P5, docs/benchmarks.md).
+            models.Index(fields=["requested_at"], name="sagas_approval_pending",
+                         condition=Q(status="pending")),
+        ]
 
 
 class Effect(models.Model):

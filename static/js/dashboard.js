@@ -226,7 +226,9 @@
           var n = counts[el.dataset.count];
           if (typeof n !== "number") return;
           var label = el.childNodes[1];
-          if (label) label.textContent = String(n);
+          // counts stop at the cap (pages.COUNT_CAP): one more means "more than that"
+          var cap = Number(nav.dataset.countCap);
+          if (label) label.textContent = cap && n > cap ? cap + "+" : String(n);
           el.classList.toggle(el.dataset.count === "approvals" ? "count-wait" : "count-bad", n > 0);
         });
       })

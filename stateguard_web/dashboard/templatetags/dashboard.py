@@ -14,6 +14,8 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from stateguard_web.dashboard.pages import COUNT_CAP
+
 register = template.Library()
 
 # status -> (colour class, symbol, words). The symbol is decoration (aria-hidden); the words
@@ -155,3 +157,9 @@ def error_text(error: Any) -> str:
         return "" if error is None else str(error)
     kind, message = error.get("type") or "", error.get("message") or ""
     return f"{kind}: {message}" if kind and message else str(kind or message)
+
+
+@register.filter
+def capped(count: int) -> str:
+    """A count from ``pages.capped_count`` as shown: "1000+" past the cap."""
+    return f"{COUNT_CAP}+" if count > COUNT_CAP else str(count)
