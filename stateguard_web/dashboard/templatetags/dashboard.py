@@ -14,7 +14,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from stateguard_web.dashboard.pages import COUNT_CAP
+from stateguard_web.dashboard import pages
 
 register = template.Library()
 
@@ -162,4 +162,4 @@ def error_text(error: Any) -> str:
 @register.filter
 def capped(count: int) -> str:
     """A count from ``pages.capped_count`` as shown: "1000+" past the cap."""
-    return f"{COUNT_CAP}+" if count > COUNT_CAP else str(count)
+    return f"{pages.COUNT_CAP}+" if count > pages.COUNT_CAP else str(count)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from unittest import mock
 
 from django.test import Client
 from django.utils import timezone
 
+from stateguard_web.dashboard import pages
 from stateguard_web.sagas.models import Approval, AuditEvent, Run
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
 
@@ -127,6 +129,24 @@ class PageTests(DashboardWorld):
         assert str(self.bobs.code) in second
         past_the_end = client.get("/", {"page": 9}).content.decode()
         assert "page 2 of 2" in past_the_end
+
+    def test_it_caps_its_counts(self) -> None:
+        """Past ``COUNT_CAP`` a count says "N+" (counting every one of 100 000 runs was a scan
+        on each page view, P5), and the pager then knows only whether an older page exists."""
+        Run.objects.bulk_create([Run(agent="provision", input={}, status=Run.Status.SUCCEEDED)
+                                 for _ in range(3)])
+        with mock.patch.object(pages, "COUNT_CAP", 1):
+            client = self.client_for("vera")
+            html = client.get("/").content.decode()
+            counts = client.get("/inbox/counts").json()
+        chips = dict(re.findall(r'data-chip="(\w*)">[^<]*<span class="chip-count">(\d+\+?)<',
+                                html))
+        assert chips["succeeded"] == "1+" and chips[""].endswith("+") and chips["paused"] == "1"
+        assert chips["compensated"] == "0"
+        assert re.search(r"\d+\+ runs · page 1<", html) and 'rel="next"' not in html
+        nav = dict(re.findall(r'data-count="(\w+)">.*?</span>([\d+]+)<', html))
+        assert nav == {"approvals": "1", "attention": "1+"}
+        assert counts == {"approvals": 1, "attention": 2}  # cap + 1: more than the cap
 
     def test_it_escapes_agent_input_everywhere(self) -> None:
         for path in ["/", self.url(self.scripted)]:
