@@ -4,16 +4,46 @@ query instead of two.
 Every API request asks whether its user may do what it asks (``access``), which reads the user's
 permissions once per request: Django reads those granted to the user and those of its groups
 (the roles) in two queries. Here one query reads both, into the same per-user cache that
-``ModelBackend`` keeps (``_perm_cache``), so ``has_perm`` and the admin answer as before.
+``ModelBackend`` keeps (``_perm_cache``), so ``has_perm`` and the admin answer as before. A query
+that reads a user may read its permissions along with it (``permission_names``,
+``remember_permissions``): an API key's lookup does, so a request with a key asks once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend as DjangoModelBackend
 from django.contrib.auth.models import Group, Permission
-from django.db.models import Q
+from django.db.models import Expression, F, OuterRef, Q, QuerySet, Value
+from django.db.models.functions import Concat
+
+
+def granted(user_id: int | Expression) -> QuerySet[Permission]:
+    """The permissions given to the user ``user_id`` (a value, or ``OuterRef("user_id")`` in
+    a subquery): its own and its groups'."""
+    if isinstance(user_id, OuterRef):  # seen from the subqueries below: one level further
+        user_id = OuterRef(user_id)
+    own = get_user_model().user_permissions.through.objects.filter(user_id=user_id)
+    of_groups = Group.permissions.through.objects.filter(group__user=user_id)
+    return Permission.objects.filter(Q(pk__in=own.values("permission_id"))
+                                     | Q(pk__in=of_groups.values("permission_id"))).order_by()
+
+
+def permission_names(user_id: int | Expression) -> QuerySet[Permission]:
+    """``granted`` as ``app_label.codename`` names, in a column ``perm``: what an outer query
+    annotates itself with (``ArraySubquery``) to read a user's permissions along with it."""
+    return granted(user_id).values(
+        perm=Concat(F("content_type__app_label"), Value("."), F("codename")))
+
+
+def remember_permissions(user_obj: Any, names: list[str] | None) -> None:
+    """Give ``user_obj`` the permissions an outer query read for it (``permission_names``),
+    so that ``has_perm`` asks nothing more. A superuser's are left to be read if asked (they
+    are every permission, not what was granted)."""
+    if names is not None and user_obj.is_active and not user_obj.is_superuser:
+        user_obj._perm_cache = set(names)
 
 
 class ModelBackend(DjangoModelBackend):
@@ -21,15 +51,7 @@ class ModelBackend(DjangoModelBackend):
         if not user_obj.is_active or user_obj.is_anonymous or obj is not None:
             return set()
         if not hasattr(user_obj, "_perm_cache"):
-            if user_obj.is_superuser:
-                perms = Permission.objects.all()
-            else:
-                granted = user_obj.user_permissions.through.objects.filter(user_id=user_obj.pk)
-                of_groups = Group.permissions.through.objects.filter(
-                    group__user=user_obj.pk)
-                perms = Permission.objects.filter(
-                    Q(pk__in=granted.values("permission_id"))
-                    | Q(pk__in=of_groups.values("permission_id")))
+            perms = Permission.objects.all() if user_obj.is_superuser else granted(user_obj.pk)
             user_obj._perm_cache = {
                 f"{app_label}.{codename}" for app_label, codename
                 in perms.values_list("content_type__app_label", "codename").order_by()}

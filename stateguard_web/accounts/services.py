@@ -14,12 +14,16 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group, Permission
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.contrib.postgres.expressions import ArraySubquery
+from django.contrib.postgres.fields import ArrayField
+from django.db import IntegrityError, connection, transaction
+from django.db.models import OuterRef, Q, TextField
 from django.utils import timezone
 
+from stateguard_web.accounts.backends import permission_names, remember_permissions
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.roles import ROLES, Role
+from stateguard_web.precompiled import Precompiled
 from stateguard_web.sagas.models import AuditEvent
 
 __all__ = ["KEY_PREFIX", "KeyRefused", "UnknownRole", "api_key_authenticate", "api_key_create",
@@ -32,6 +36,9 @@ _KEY_SHAPE = re.compile(r"sg_[0-9a-f]{8}_[A-Za-z0-9_-]{1,100}")
 # request (an agent polling a run would otherwise write on every poll).
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
+# The permissions of a key's user, read with the key (PostgreSQL; compiled once: precompiled).
+_PERMISSIONS = Precompiled(ApiKey, lambda: ArraySubquery(permission_names(OuterRef("user_id"))),
+                           ArrayField(TextField()))
 
 
 class KeyRefused(Exception):
@@ -96,12 +103,21 @@ def api_key_revoke(*, key: ApiKey, by: AbstractBaseUser | str | None = None) -> 
 def api_key_authenticate(raw: str) -> ApiKey:
     """The active key ``raw`` is, with its user; ``KeyRefused`` otherwise.
 
-    The secret is compared in constant time. Whether a key was revoked or expired is said only
-    to whoever presents the whole key (a wrong secret gets the same answer as no key at all)."""
+    One query reads the key, its user and (on PostgreSQL) the user's permissions, which
+    ``has_perm`` then answers from: a revoked key, an expired one or a permission taken away
+    counts from the next request on. The secret is compared in constant time. Whether a key
+    was revoked or expired is said only to whoever presents the whole key (a wrong secret gets
+    the same answer as no key at all)."""
     if not _KEY_SHAPE.fullmatch(raw):  # nothing else reaches the database
         raise KeyRefused("invalid API key")
     prefix = raw[:_PREFIX_LENGTH]
-    key = ApiKey.objects.select_related("user").filter(prefix=prefix).first()
+    keys = ApiKey.objects.select_related("user").filter(prefix=prefix)
+    if connection.vendor == "postgresql":  # and its user's permissions, in the same query
+        keys = keys.annotate(perms=_PERMISSIONS.annotation())
+    try:
+        key = keys.get()  # not first(): no ORDER BY to compile (the prefix is unique)
+    except ApiKey.DoesNotExist:
+        key = None
     # Compare a hash even when no key has this prefix, so that both take the same time.
     if not hmac.compare_digest(_hash(raw), key.hashed if key else _DUMMY_HASH) or key is None:
         raise KeyRefused("invalid API key")
@@ -111,6 +127,7 @@ def api_key_authenticate(raw: str) -> ApiKey:
         raise KeyRefused("API key expired")
     if not key.user.is_active:
         raise KeyRefused("the API key's user is inactive")
+    remember_permissions(key.user, getattr(key, "perms", None))
     now = timezone.now()
     if key.last_used_at is None or key.last_used_at < now - LAST_USED_RESOLUTION:
         # Conditional, so that of the requests that saw a stale value only one writes.

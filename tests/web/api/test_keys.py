@@ -62,6 +62,22 @@ class KeyTests(TestCase):
         assert [e.action for e in AuditEvent.objects.order_by("pk")] == [
             "api_key.created", "api_key.revoked", "api_key.created"]
 
+    def test_it_reads_the_users_permissions_with_the_key_and_anew_for_each_request(
+            self) -> None:
+        _, raw = services.api_key_create(user=self.alice, name="billing")
+        services.api_key_authenticate(raw)  # its first use, written
+        with self.assertNumQueries(1):  # the key, its user and the user's permissions
+            user = services.api_key_authenticate(raw).user
+            assert access.may(user, Ability.SUBMIT) and not access.may(user, Ability.OPERATE)
+        assert user.get_all_permissions() == {"sagas.submit_run"}
+        self.alice.groups.clear()  # the role taken away counts from the next request
+        assert not access.may(services.api_key_authenticate(raw).user, Ability.SUBMIT)
+        root = get_user_model().objects.create_superuser("root")
+        _, raw = services.api_key_create(user=root, name="all")
+        services.api_key_authenticate(raw)
+        with self.assertNumQueries(1):
+            assert access.may(services.api_key_authenticate(raw).user, Ability.OPERATE)
+
     def test_it_records_the_last_use_at_most_once_a_minute(self) -> None:
         key, raw = services.api_key_create(user=self.alice, name="billing")
         start = timezone.now()
