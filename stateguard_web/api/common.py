@@ -23,11 +23,13 @@ def errors(*codes: int) -> dict[int, Any]:
     return {code: ErrorOut for code in sorted({401, 403, 413, 500, *codes})}
 
 
-def run_for(request: HttpRequest, code: uuid.UUID, ability: Ability) -> tuple[Principal, Run]:
+def run_for(request: HttpRequest, code: uuid.UUID, ability: Ability,
+            detail: bool = False) -> tuple[Principal, Run]:
     """The caller and the run ``code`` if the caller may ``ability`` to it: 403 if it may
-    not to any run, 404 if there is no such run or it may not see it."""
+    not to any run, 404 if there is no such run or it may not see it. With ``detail``, the run
+    is read with what ``selectors.run_detail`` shows of it."""
     who = principal(request)
     access.check(who.user, ability)
-    run = selectors.run_get(code=code)
+    run = selectors.run_get(code=code, detail=detail)
     access.check(who.user, ability, run)
     return who, run

@@ -70,7 +70,7 @@ def list_runs(request: HttpRequest, filters: Query[RunFilter]) -> dict[str, obje
 def get_run(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
     """The run with its steps, compensations (every attempt), approvals, the violated
     invariant if any, and its audit trail."""
-    _, run = run_for(request, code, Ability.VIEW)
+    _, run = run_for(request, code, Ability.VIEW, detail=True)
     return selectors.run_detail(run=run)
 
 

@@ -11,7 +11,8 @@ from django.test import Client
 from django.utils import timezone
 
 from stateguard import InvariantViolation
-from stateguard_web.sagas.models import Approval, AuditEvent, Run, Step
+from stateguard_web.sagas import selectors
+from stateguard_web.sagas.models import Approval, AuditEvent, Effect, Run, Step
 from tests.web.api.world import CSRF_SECRET, PROVISION, World, journal_state
 
 
@@ -233,3 +234,56 @@ class AgentsAndSchemaTests(World):
     def test_it_finds_no_run_under_an_unknown_code(self) -> None:
         response = self.call("charlie", "GET", f"/api/runs/{uuid.uuid4()}")
         assert (response.status_code, response.json()["code"]) == (404, "not_found")
+
+
+class QueryTests(World):
+    """What an API request with a key asks the database: a regression here costs every client
+    (P6, docs/benchmarks.md). The key's last use is written once a minute, so each test first
+    makes one request to get that write out of the way."""
+
+    def test_a_read_is_two_queries_the_key_with_its_permissions_and_the_run_with_its_history(
+            self) -> None:
+        Effect.objects.create(run=self.stuck, step_id="t-charge-2", node="charge_user",
+                              provider="stripe", kind="charge", external_id="pi_1",
+                              amount=500, currency="usd", recorded_at=timezone.now())
+        AuditEvent.objects.create(run=self.stuck, actor="charlie", action="run.approved")
+        path = f"/api/runs/{self.stuck.code}"
+        for who in ("vera", "alice", "bob"):
+            self.call(who, "GET", path)
+        with self.assertNumQueries(2):
+            response = self.call("vera", "GET", path)
+        assert response.status_code == 200
+        assert len(response.json()["compensations"][0]["attempts"]) == 1
+        with self.assertNumQueries(2):  # a submitter's own run: the same
+            assert self.call("alice", "GET", path).status_code == 200
+        with self.assertNumQueries(2):  # someone else's: found, then refused as not there
+            assert self.call("bob", "GET", path).status_code == 404
+
+    def test_a_submission_is_the_key_and_two_inserts(self) -> None:
+        self.call("alice", "GET", "/api/agents")
+        with self.assertNumQueries(5):  # the key; SAVEPOINT, the run, its audit, RELEASE
+            response = self.call("alice", "POST", "/api/runs", PROVISION)
+        assert response.status_code == 201
+
+    def test_the_detail_read_in_one_query_is_the_detail_read_relation_by_relation(
+            self) -> None:
+        now = timezone.now()
+        Effect.objects.create(run=self.stuck, step_id="t-charge-2", node="charge_user",
+                              provider="stripe", kind="refund", external_id="re_1",
+                              amount=500, currency="usd", undoes="pi_1",
+                              recorded_at=now.replace(microsecond=0))  # PostgreSQL: no .0
+        self.compensation.attempts.create(number=2, started_at=now, finished_at=now, ok=True,
+                                          result="undone")
+        Approval.objects.create(run=self.stuck, step_id="t-gate", node="charge_user",
+                                requested_at=now, payload={"amount": 1})
+        AuditEvent.objects.create(run=self.stuck, actor="charlie", action="run.approved",
+                                  data={"via": "key sg_1a2b3c4d"})
+        with self.assertNumQueries(1):
+            joined = selectors.run_detail(run=selectors.run_get(code=self.stuck.code,
+                                                                detail=True))
+        with self.assertNumQueries(7):  # the run, then its relations one by one
+            apart = selectors.run_detail(run=selectors.run_get(code=self.stuck.code))
+        assert joined == apart
+        assert [a["number"] for a in joined["compensations"][0]["attempts"]] == [1, 2]
+        assert joined["effects"][0]["undoes"] == "pi_1"
+        assert joined["approvals"][0]["decided_by"] is None
