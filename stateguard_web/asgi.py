@@ -1,6 +1,7 @@
 """ASGI entry point: ``daphne stateguard_web.asgi:application``.
 
-HTTP goes to Django; websockets go through the origin check and the session/auth middleware to
+HTTP goes to Django (API requests that carry a key through a leaner middleware stack,
+``api.asgi``); websockets go through the origin check and the session/auth middleware to
 ``routing.websocket_urlpatterns``.
 """
 
@@ -21,11 +22,15 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+from stateguard_web.api.asgi import ByCredentials, KeyedApiHandler  # noqa: E402
 from stateguard_web.routing import websocket_urlpatterns  # noqa: E402
 
 # Under plain `daphne` (make run) nothing else serves static files, so in DEBUG do what
 # `runserver` does. In production a proxy serves STATIC_ROOT (docs/deploy.md).
-http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
+site_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
+# API requests with a key take a handler without the session, CSRF and message middleware
+# (stateguard_web/api/asgi.py); everything else, API calls with a session included, the site's.
+http_app = ByCredentials(site=site_app, keyed=KeyedApiHandler())
 
 application = ProtocolTypeRouter(
     {
