@@ -64,28 +64,30 @@ def test_it_refunds_the_charge_once_when_the_booking_after_it_fails(
         assert comp.idempotency_key == key and comp.status == "succeeded"
 
 
+@pytest.mark.parametrize("saver_kind", SAVERS)
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_it_undoes_the_calls_that_succeeded_beside_a_failing_one_newest_first(
-        shape: Shape, form: Form) -> None:
+        shape: Shape, form: Form, saver_kind: str, tmp_path: Path) -> None:
     world = Travel()
-    guard = make_guard(world)
-    script = [ask(("charge_card", {"amount": 5000}), ("charge_card", {"amount": 10000}),
-                  ("reserve_seat", {"seat": "12A"}),
-                  ("book_flight", {"destination": "nowhere"})),
-              say("booked")]
-    _, error = run_agent(form, shape, world, script, guard, "parallel")
+    with saver_for(saver_kind, tmp_path) as saver:
+        guard = make_guard(world, saver)
+        script = [ask(("charge_card", {"amount": 5000}), ("charge_card", {"amount": 10000}),
+                      ("reserve_seat", {"seat": "12A"}),
+                      ("book_flight", {"destination": "nowhere"})),
+                  say("booked")]
+        _, error = run_agent(form, shape, world, script, guard, "parallel")
 
-    assert error is not None
-    assert len(world.charges) == 2 and world.seats == []  # the seat was released (by tag)
-    # the 50.00 charge answers after 50 ms, the 100.00 one after 100 ms: undone newest first
-    assert world.refunded == [world.charges[1][0], world.charges[0][0]]
-    report = error.report if isinstance(error, SagaAborted) else error.stateguard_report  # type: ignore[attr-defined]
-    undone = [o.step_id for o in report.outcomes if o.status == "succeeded"]
-    steps = {s.step_id: s for s in guard.status("parallel").steps}
-    assert len(undone) == 3
-    assert [steps[i].done_seq for i in undone] == sorted(
-        (steps[i].done_seq for i in undone), reverse=True)
+        assert error is not None
+        assert len(world.charges) == 2 and world.seats == []  # the seat was released (by tag)
+        # the 50.00 charge answers after 50 ms, the 100.00 one after 100 ms: undone newest first
+        assert world.refunded == [world.charges[1][0], world.charges[0][0]]
+        report = error.report if isinstance(error, SagaAborted) else error.stateguard_report  # type: ignore[attr-defined]
+        undone = [o.step_id for o in report.outcomes if o.status == "succeeded"]
+        steps = {s.step_id: s for s in guard.status("parallel").steps}
+        assert len(undone) == 3
+        assert [steps[i].done_seq for i in undone] == sorted(
+            (steps[i].done_seq for i in undone), reverse=True)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -105,34 +107,39 @@ def test_it_refunds_a_charge_still_running_when_its_sibling_call_fails(
     assert guard.status("late").run.status == RunStatus.COMPENSATED
 
 
+@pytest.mark.parametrize("saver_kind", SAVERS)
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_it_unwinds_a_tool_error_the_model_was_told_of_by_default(
-        shape: Shape, form: Form) -> None:
+        shape: Shape, form: Form, saver_kind: str, tmp_path: Path) -> None:
     world = Travel()
-    guard = make_guard(world)
-    _, error = run_agent(form, shape, world, charge_then_fail(), guard, "told",
-                         handle_tool_errors=True)
+    with saver_for(saver_kind, tmp_path) as saver:
+        guard = make_guard(world, saver)
+        _, error = run_agent(form, shape, world, charge_then_fail(), guard, "told",
+                             handle_tool_errors=True)
 
-    assert error is not None and "ToolCallFailed" in repr(error)
-    assert world.refunded == [world.charges[0][0]]
-    assert guard.status("told").run.status == RunStatus.COMPENSATED
+        assert error is not None and "ToolCallFailed" in repr(error)
+        assert world.refunded == [world.charges[0][0]]
+        assert guard.status("told").run.status == RunStatus.COMPENSATED
 
 
+@pytest.mark.parametrize("saver_kind", SAVERS)
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_it_lets_the_model_handle_a_tool_error_when_told_to(shape: Shape, form: Form) -> None:
+def test_it_lets_the_model_handle_a_tool_error_when_told_to(
+        shape: Shape, form: Form, saver_kind: str, tmp_path: Path) -> None:
     world = Travel()
-    guard = make_guard(world, on_tool_error="model")
-    out, error = run_agent(form, shape, world, charge_then_fail(), guard, "model",
-                           handle_tool_errors=True)
+    with saver_for(saver_kind, tmp_path) as saver:
+        guard = make_guard(world, saver, on_tool_error="model")
+        out, error = run_agent(form, shape, world, charge_then_fail(), guard, "model",
+                               handle_tool_errors=True)
 
-    assert error is None and out["messages"][-1].content == "booked"
-    assert world.refunds == [] and len(world.charges) == 1
-    view = guard.status("model")
-    assert view.run.status == RunStatus.SUCCEEDED
-    [booking] = [s for s in view.steps if s.node == "book_flight"]
-    assert booking.status == StepStatus.FAILED and booking.update["status"] == "error"
+        assert error is None and out["messages"][-1].content == "booked"
+        assert world.refunds == [] and len(world.charges) == 1
+        view = guard.status("model")
+        assert view.run.status == RunStatus.SUCCEEDED
+        [booking] = [s for s in view.steps if s.node == "book_flight"]
+        assert booking.status == StepStatus.FAILED and booking.update["status"] == "error"
 
 
 def test_it_takes_the_policy_per_tool() -> None:
