@@ -52,6 +52,7 @@ from stateguard.effects import EffectLedger, recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
 from stateguard.instrument import NODE_ATTR, approval_gate
+from stateguard.journal import turn_steps
 from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
 from stateguard.tool_calls import TOOL_TAG, ToolCall
@@ -314,8 +315,9 @@ class _ToolCallGuard:
         if isinstance(journal, EffectLedger) and any(
                 e.step_id == call.step_id for e in journal.effects(call.run_id)):
             return True
+        # This turn's effects only: an earlier turn of the conversation is settled.
         return any(s.status in EFFECT_STATUSES and spec.compensation_for(s.node, s.tags)
-                   for s in journal.steps(call.run_id))
+                   for s in turn_steps(journal, call.run_id))
 
     @staticmethod
     def _fail_node(call: _Call, message: str) -> None:

@@ -197,3 +197,26 @@ def test_it_refunds_once_on_a_postgres_saver(shape: Shape, form: Form,
     assert error is not None
     assert world.refunded == [world.charges[0][0]]
     assert guard.status(f"pg-{shape}-{form}").run.status == RunStatus.COMPENSATED
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_it_lets_the_model_retry_a_read_only_tool_in_a_later_turn(form: Form) -> None:
+    # Turn 1 charged and is settled; in turn 2 a tool with nothing to undo fails, and this turn
+    # has no effect yet: under "auto" the model tries again, and turn 1's charge stays.
+    world = Travel()
+    guard = make_guard(world)
+    script = [ask(("charge_card", {"amount": 1000})), say("paid"),
+              ask(("book_flight", {"destination": "nowhere"})),
+              ask(("book_flight", {"destination": "Lisbon"})), say("booked")]
+    graph = agent("v2", world, script, handle_tool_errors=True,
+                  checkpointer=guard if form == "dropin" else None)
+    if form == "guarded":
+        graph = guard.compile(graph)
+    for text in ("pay", "and a flight"):
+        if form == "dropin":
+            graph.invoke(go(text), config("turns"), durability="sync")
+        else:
+            guard.invoke(graph, go(text), config("turns"))
+
+    assert world.bookings == ["Lisbon"] and world.refunds == []
+    assert guard.status("turns").run.status == RunStatus.SUCCEEDED
