@@ -28,7 +28,11 @@ ALL_RUNS_GROUP = "runs"
 _HOLD = 0.05  # seconds
 # The runs list's group gets at most one message per this many seconds from a process: every
 # open list page receives each one (P5, docs/benchmarks.md: Daphne's cost grows with frames).
+# So do, together, the groups nobody listened to at their last send or not sent to yet: most
+# runs have no open page, and asking Redis after each of their commits cost a worker 2-3x the
+# CPU per event (P5). A page's first events therefore wait up to this long; the next go at once.
 _LIST_GAP = 0.05  # seconds
+_HEARD_KEPT = 5000  # groups remembered as listened to (the oldest are forgotten past this)
 
 
 def run_group(code: str) -> str:
@@ -63,6 +67,8 @@ class _Publisher:
         self.commit_seen = False
         self.ready: dict[str, list[dict[str, Any]]] = {}
         self.list_next = 0.0  # when the runs list may get its next message
+        self.heard: dict[str, float] = {}  # groups someone listened to at their last send
+        self.quiet_next = 0.0  # when the others may get their next messages
         threading.Thread(target=self._run, name="stateguard-events", daemon=True).start()
 
     def send(self, groups: tuple[str, ...], payload: dict[str, Any], *,
@@ -96,18 +102,26 @@ class _Publisher:
                 for group, events in self.held.items():
                     self.ready.setdefault(group, []).extend(events)
                 self.held, self.commit_seen = {}, False
-            out = {g: e for g, e in self.ready.items()
-                   if g != ALL_RUNS_GROUP or now >= self.list_next}
+            out = {g: e for g, e in self.ready.items() if now >= self._next(g)}
             if out:
                 for group in out:
                     del self.ready[group]
                 if ALL_RUNS_GROUP in out:
                     self.list_next = now + _LIST_GAP
+                if any(g != ALL_RUNS_GROUP and g not in self.heard for g in out):
+                    self.quiet_next = now + _LIST_GAP
                 return out
             waits = [self.held_since + _HOLD - now] if self.held else []
-            if ALL_RUNS_GROUP in self.ready:
-                waits.append(self.list_next - now)
+            waits += [self._next(g) - now for g in self.ready]
             self.cond.wait(max(0.0, min(waits)) if waits else None)
+
+    def _next(self, group: str) -> float:
+        """When ``group`` may get its next message: a group someone listened to at its last
+        send, at once; the list, one per ``_LIST_GAP``; the others (most runs: no page open)
+        together, one batch per ``_LIST_GAP``, which also asks Redis whether that changed."""
+        if group == ALL_RUNS_GROUP:
+            return self.list_next
+        return 0.0 if group in self.heard else self.quiet_next
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -121,7 +135,14 @@ class _Publisher:
 
     async def _send(self, batch: dict[str, list[dict[str, Any]]]) -> None:
         assert self.layer is not None
-        for group in await self._listened(list(batch)):
+        listened = await self._listened(list(batch))
+        for group in batch:  # this thread alone reads and writes ``heard``
+            self.heard.pop(group, None)
+            if group in listened:
+                self.heard[group] = time.monotonic()  # newest last
+        while len(self.heard) > _HEARD_KEPT:
+            del self.heard[next(iter(self.heard))]
+        for group in listened:
             await self.layer.group_send(group, {"type": _message_type(group),
                                                 "events": batch[group]})
 
