@@ -175,10 +175,14 @@ def _shown(row: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _violated_invariant(run: Run, steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _violated_invariant(run: Run, steps: list[Step] | list[dict[str, Any]]
+                        ) -> dict[str, Any] | None:
     """The invariant that stopped the run: the violated step's (the node whose writes broke
-    it), or the run's error when it broke on the final state (no one node to blame)."""
-    found = [(s["node"], s["error"]) for s in steps
+    it), or the run's error when it broke on the final state (no one node to blame). The steps
+    are rows (``run_detail``'s) or ``Step`` objects (the dashboard's run page)."""
+    rows = [s if isinstance(s, dict) else {"node": s.node, "status": s.status, "error": s.error}
+            for s in steps]
+    found = [(s["node"], s["error"]) for s in rows
              if s["status"] == Step.Status.VIOLATED and s["error"]]
     if not found and run.error and run.error.get("type") == "InvariantViolation":
         found = [(None, run.error)]

@@ -20,6 +20,15 @@ print(json.dumps({r.input["name"]: [r.status, list(r.steps.values_list("status",
                                     list(r.compensations.exclude(status="nothing_to_undo")
                                          .values_list("status", flat=True))]
                   for r in Run.objects.all()}))
+# The API's reads without PostgreSQL: a run's detail relation by relation, a key's permissions
+# read by the backend (api_key_authenticate and selectors use PostgreSQL's JSON otherwise).
+from stateguard_web.accounts import access, services as accounts
+from stateguard_web.sagas import selectors
+user, _ = accounts.service_user_ensure(username="lite-bot", role="operator")
+key = accounts.api_key_authenticate(accounts.api_key_create(user=user, name="lite")[1])
+detail = selectors.run_detail(run=selectors.run_get(code=bad.code, detail=True))
+print(json.dumps([access.may(key.user, access.Ability.OPERATE), len(detail["steps"]),
+                  len(detail["compensations"][0]["attempts"]), len(detail["audit"])]))
 """
 
 
@@ -30,7 +39,9 @@ def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> N
     assert migrate.returncode == 0, migrate.stderr
     result = manage_py("shell", "-c", SCRIPT, env=env)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+    *_, journal, api = result.stdout.strip().splitlines()
+    assert json.loads(api)[:3] == [True, 4, 1] and json.loads(api)[3] >= 1
+    assert json.loads(journal) == {
         "lite-1": ["succeeded", ["succeeded"] * 4, []],
         "lite-2": ["compensated", ["succeeded"] * 3 + ["failed"], ["succeeded"] * 3],
     }
