@@ -101,6 +101,7 @@ class _Run:
     loop: weakref.ref[Any] | None = None  # LangGraph's loop running it, if found
     ended: bool = False  # that loop exited or was collected: forget it once no call is in flight
     paused: bool = False  # a node called interrupt(): the turn waits for a resume
+    observing: bool = False  # the drop-in form (else a guarded graph invoked without its runner)
     order: CommitOrder | None = None  # the order LangGraph committed its tasks in
     unwinding: bool = False  # an unwind of this run was claimed (by its first failure)
     cause: Cause | None = None  # why, once claimed
@@ -164,11 +165,11 @@ class DropInObserver:
             return  # get_state() and other reads, not a run
         run_id = str(config.get("configurable", {}).get("thread_id"))
         nodes, channels = self._learn_graph(graph)
-        self._next_turn(run_id)
-        if mode == "observe":
+        if mode == "observe":  # a guarded graph's turns are the runner's to keep
+            self._next_turn(run_id)
             self._admit(config)
         # A resumed step's writes name the checkpoint loaded here, saved by an earlier invoke.
-        live = _Run(nodes, channels, order=CommitOrder(self._cond))
+        live = _Run(nodes, channels, order=CommitOrder(self._cond), observing=mode == "observe")
         if saved is not None:
             live.values[saved.checkpoint["id"]] = state_values(saved.checkpoint["channel_values"])
         if loop is not None:
@@ -219,7 +220,7 @@ class DropInObserver:
         """The run's turn is over: it succeeded (settled: a later turn never undoes it), or it
         paused; an unwound or failed one already says so. LangGraph's loop tells which."""
         loop = live.loop() if live.loop is not None else None
-        ended = getattr(loop, "status", None)
+        ended = getattr(loop, "status", None) if live.observing else None
         if ended == "done":
             status = RunStatus.SUCCEEDED
         elif live.paused or ended in ("interrupt_before", "interrupt_after"):
@@ -416,12 +417,20 @@ class DropInObserver:
                 while len(live.values) > _VALUES_PER_RUN:
                     live.values.popitem(last=False)
                 self._cond.notify_all()
+        order = live.order if live is not None else None
+        if order is not None and order.hooked:
+            # The steps that led to this checkpoint are journaled before it is done: under
+            # "sync" LangGraph waits for it before the next node, so a process that dies in that
+            # node leaves every step before it journaled (recovery finds that node in doubt).
+            order.wait(lambda: order.observed_before(checkpoint["id"]), ORDER_TIMEOUT,
+                       f"the steps of {run_id}")
         journal = self.core.journal
         if metadata.get("source") == "input":
             run = journal.run_get(run_id)
             if run is None:
                 journal.run_begin(run_id)
-            elif isinstance(journal, TurnJournal) and turn_steps(journal, run_id, run):
+            elif (isinstance(journal, TurnJournal) and self.mode(config) == "observe"
+                  and turn_steps(journal, run_id, run)):
                 # New input on a thread whose turn paused or was cut short: LangGraph starts
                 # from START again, so this is a new turn, and the old one is left as it is.
                 journal.run_next_turn(run_id)
@@ -437,10 +446,8 @@ class DropInObserver:
             live.stopped = True
             lead, live.unwinding = not live.unwinding, True
             self._cond.notify_all()
-        # Every task committed before this checkpoint is journaled first, in its order.
-        if live.order is not None and live.order.hooked:
-            live.order.wait(live.order.all_observed, ORDER_TIMEOUT, f"the steps of {run_id}")
-        else:
+        # Every task that led to this checkpoint was journaled above, in its order.
+        if order is None or not order.hooked:
             self._drain(run_id)
         done = [s for s in turn_steps(journal, run_id) if s.done_seq is not None]
         last = max(done, key=lambda s: s.done_seq or 0).node if done else None

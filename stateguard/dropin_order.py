@@ -43,6 +43,7 @@ class CommitOrder:
         self._number: dict[str, int] = {}
         self._order: list[str] = []
         self._observed: set[str] = set()
+        self._origin: dict[str, str] = {}  # task -> the checkpoint it ran from
         self._first_open = 0  # every commit numbered below it was observed
         self._loop: weakref.ref[Any] | None = None
 
@@ -64,12 +65,13 @@ class CommitOrder:
         self.hooked = True
         return True
 
-    def _commit(self, task_id: str, writes: Any, original: Callable[..., Any],
+    def _commit(self, task_id: str, writes: Any, origin: str, original: Callable[..., Any],
                 kwargs: dict[str, Any]) -> Any:
         with self._lock:
             if writes and task_id not in self._number:
                 self._number[task_id] = len(self._order)
                 self._order.append(task_id)
+                self._origin[task_id] = origin
             return original(task_id, writes, **kwargs)
 
     # -- what has been observed ---------------------------------------------------------------
@@ -88,6 +90,13 @@ class CommitOrder:
 
     def all_observed(self) -> bool:
         return self._first_open >= len(self._order)
+
+    def observed_before(self, checkpoint_id: str) -> bool:
+        """Whether every task that ran from a checkpoint older than ``checkpoint_id`` was
+        observed (LangGraph's checkpoint ids sort in the order they were made). Not the tasks
+        that run from it or later: under "async" durability they may wait for its save."""
+        return all(t in self._observed for t, origin in tuple(self._origin.items())
+                   if origin < checkpoint_id)
 
     def siblings_observed(self) -> bool:
         """Whether every task of the loop's current superstep was observed, or had its writes
@@ -137,4 +146,6 @@ class _Hook:
         loop, func = self.loop(), self.func
         if loop is None or func is None:
             return None  # the loop is gone: nothing is left to commit
-        return self.order._commit(task_id, writes, lambda *a, **k: func(loop, *a, **k), kwargs)
+        origin = str((getattr(loop, "checkpoint", None) or {}).get("id", ""))
+        return self.order._commit(task_id, writes, origin,
+                                  lambda *a, **k: func(loop, *a, **k), kwargs)

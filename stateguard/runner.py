@@ -102,6 +102,11 @@ def _task_of(step_id: str) -> str:
     return step_id.split(":", 1)[0]
 
 
+def _instrumented(graph: Any) -> bool:
+    """Built by ``guard.compile`` (else compiled with the guard as its checkpointer: drop-in)."""
+    return bool((graph.config or {}).get("configurable", {}).get(INSTRUMENTED_KEY))
+
+
 def _runner_config(config: RunnableConfig) -> RunnableConfig:
     return {**config, "configurable": {**config.get("configurable", {}), RUNNER_KEY: True}}
 
@@ -138,9 +143,11 @@ class GuardRunner:
                                                OUTPUT_IS_STATE_KEY: output_is_state,
                                                "__pregel_durability": "sync"})
 
-    def _check_graph(self, graph: Any) -> None:
+    def _check_graph(self, graph: Any, *, drop_in: bool = False) -> None:
+        """Refuse a graph this guard did not build (``drop_in``: or compile, as a checkpointer:
+        recovery unwinds a drop-in run too)."""
         ours = isinstance(graph, Pregel) and getattr(graph, "checkpointer", None) is self
-        if not ours or not (graph.config or {}).get("configurable", {}).get(INSTRUMENTED_KEY):
+        if not ours or not (_instrumented(graph) or drop_in):
             raise ConfigurationError(
                 "run graphs built by this guard: graph = guard.compile(builder)")
 
@@ -498,8 +505,10 @@ class GuardRunner:
                                         update=task.result)
                     changed = True
                 continue
-            if (step is not None or not getattr(journal, "defers_steps", False)
-                    or task.error is not None or task.interrupts):
+            # Steps journaled after their writes (a deferring journal, or the drop-in form) have
+            # no row for a task that was running when the process died.
+            late_rows = getattr(journal, "defers_steps", False) or not _instrumented(graph)
+            if step is not None or not late_rows or task.error is not None or task.interrupts:
                 continue
             spec = nodes.get(task.name)
             journal.step_start(run_id, task.id, task.name,
@@ -515,8 +524,13 @@ class GuardRunner:
         A run whose graph had finished when its process died (it died before saying so, maybe
         before LangGraph's last checkpoint) is settled as it would have been: its final state is
         checked, and it succeeds or unwinds on a violation. Unwinding it for the crash would
-        undo a saga that completed."""
-        self._check_graph(graph)
+        undo a saga that completed.
+
+        A drop-in run (``builder.compile(checkpointer=guard)``) whose process died is unwound
+        the same way; the task it was running has no journal row (the drop-in form journals a
+        step once LangGraph saved its writes), so it is found in the last checkpoint and taken
+        to be in doubt. Resuming one is ``graph.invoke(None, config)``, not ``resume=True``."""
+        self._check_graph(graph, drop_in=not resume)
         run_id = self._run_record(run_id_of(config)).run_id
         with self.core.lease(run_id):
             run = self._run_record(run_id)

@@ -2,13 +2,15 @@
 line so that tests can run each part of a saga in its own process.
 
     python -m tests.core.procs DIR THREAD ACTION [--approve-c] [--safe-c] [--hang-at NODE]
-        [--die-after-writes NODE] [--lose-finish NODE] [--resume] [--lease SECONDS]
+        [--die-after-writes NODE] [--lose-finish NODE] [--resume] [--lease SECONDS] [--drop-in]
 
 ACTION is one of: invoke, approve, reject, recover, status. ``--die-after-writes`` ends the
 process (``os._exit``) right after LangGraph saved NODE's writes, before the checkpoint that
 applies them; ``--lose-finish`` drops the journal's record that NODE finished, as if the process
-had died between the two writes. Effects and compensations are
-appended to DIR/effects.log (one line each, so the test can count them across processes).
+had died between the two writes. ``--drop-in`` runs the graph in the drop-in form
+(``builder.compile(checkpointer=guard)`` and a plain ``graph.invoke``). Effects and
+compensations are appended to DIR/effects.log (one line each, so the test can count them
+across processes).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--lose-finish")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--lease", type=float, default=60.0)
+    parser.add_argument("--drop-in", action="store_true")
     args = parser.parse_args(argv)
     directory: Path = args.dir
 
@@ -93,11 +96,15 @@ def main(argv: list[str]) -> int:
         Saver(conn), journal=Journal(directory / "journal.db"),
         compensations=compensations, approvals=["c"] if args.approve_c else None,
         compensation_retry=CompensationRetry(attempts=2, initial=0.001), lease_ttl=args.lease)
-    graph = guard.compile(line_builder(NODES, Effects()))
+    builder = line_builder(NODES, Effects())
+    graph = builder.compile(checkpointer=guard) if args.drop_in else guard.compile(builder)
     config = {"configurable": {"thread_id": args.thread}}
     outcome: dict[str, Any] = {}
     try:
-        if args.action == "invoke":
+        if args.action == "invoke" and args.drop_in:
+            out = graph.invoke({}, config, durability="sync")
+            outcome["paused"] = "__interrupt__" in out
+        elif args.action == "invoke":
             out = guard.invoke(graph, {}, config)
             outcome["paused"] = "__interrupt__" in out
         elif args.action == "approve":

@@ -151,6 +151,27 @@ def test_it_leaves_an_unsafe_in_doubt_step_for_an_operator(tmp_path: Path) -> No
     assert "c=skipped_in_doubt" in result["report"]
 
 
+def test_it_recovers_a_killed_drop_in_run_with_the_running_node_in_doubt(
+        tmp_path: Path) -> None:
+    # The drop-in form journals a step once LangGraph saved its writes: c has no row, and is
+    # found in the last checkpoint by the process that recovers the run.
+    kill_inside_c(tmp_path, "--drop-in")
+    result = run(tmp_path, "t", "recover", "--drop-in")
+
+    assert effects(tmp_path) == ["a", "b", "started:c", "undo:b", "undo:a"]
+    assert result["status"] == "needs_attention" and result["needs_attention"]
+    assert "c=skipped_in_doubt" in result["report"]
+
+
+def test_it_compensates_the_in_doubt_node_of_a_killed_drop_in_run_when_it_is_safe(
+        tmp_path: Path) -> None:
+    kill_inside_c(tmp_path, "--drop-in", "--safe-c")
+    result = run(tmp_path, "t", "recover", "--drop-in", "--safe-c")
+
+    assert effects(tmp_path) == ["a", "b", "started:c", "undo:c", "undo:b", "undo:a"]
+    assert result["status"] == "compensated" and not result["needs_attention"]
+
+
 def test_it_does_not_recover_a_run_whose_worker_still_holds_the_lease(tmp_path: Path) -> None:
     proc = start(tmp_path, "t", "invoke", "--hang-at", "c", "--lease", "30")
     deadline = time.monotonic() + 30
