@@ -18,8 +18,8 @@ from stateguard.exceptions import (
     RunLocked,
     SagaAborted,
 )
-from stateguard.journal import Journal
-from stateguard.lifecycle import Action, check, refusal
+from stateguard.journal import Journal, TurnJournal
+from stateguard.lifecycle import NEXT_TURN, Action, check, refusal
 from stateguard.records import ErrorInfo, RunStatus, StepStatus
 from stateguard.report import UnwindReport
 from stateguard.retry import CompensationRetry
@@ -68,8 +68,11 @@ class GuardedState:
         stack = contextlib.ExitStack()
         stack.enter_context(self.core.lease(self.run_id))
         self._lease = stack
-        self.core.journal.run_begin(self.run_id)
-        self._count = len(self.core.journal.steps(self.run_id))
+        journal = self.core.journal
+        run = journal.run_begin(self.run_id)
+        if run.status in NEXT_TURN and isinstance(journal, TurnJournal):
+            journal.run_next_turn(self.run_id)  # a block entered again: a saga of its own
+        self._count = len(journal.steps(self.run_id))  # step ids stay unique across turns
         self.core.set_status(self.run_id, RunStatus.RUNNING)
         found = self.core.spec.first_violation(self.state)
         if found is not None:  # raises SagaAborted, with nothing to undo yet

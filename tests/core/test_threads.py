@@ -17,6 +17,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from stateguard import (
+    GuardedState,
     InMemoryJournal,
     InvariantViolation,
     RunStatus,
@@ -200,3 +201,19 @@ def test_it_marks_a_drop_in_turn_paused_by_interrupt_and_resumes_it_in_the_same_
     with pytest.raises(ValueError, match="user said"):
         graph.invoke(Command(resume="no"), config("ask"))
     assert effects == ["charge", "undo:charge"]  # charge was of this turn
+
+
+def test_it_undoes_only_the_failing_block_of_a_guarded_state_entered_again(
+        stores: dict[str, Any]) -> None:
+    effects: list[str] = []
+    comps = {"charge": undo(effects, "charge")}
+    with GuardedState({}, run_id="order", compensations=comps,
+                      journal=stores["journal"]) as saga:
+        saga.step("charge", lambda s: effects.append("charge") or {"paid": True})
+    with pytest.raises(SagaAborted), GuardedState(
+            {}, run_id="order", compensations=comps, journal=stores["journal"]) as saga:
+        saga.step("charge", lambda s: effects.append("charge") or {"paid": True})
+        raise ValueError("warehouse down")
+
+    assert effects == ["charge", "charge", "undo:charge"]
+
