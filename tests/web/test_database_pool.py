@@ -37,8 +37,10 @@ def test_a_worker_keeps_its_own_connection_when_the_web_pool_is_set(
 
     def backends() -> set[tuple[int, str]]:
         with connection.cursor() as cursor:
+            # This database's only: other test runs' workers share the server.
             cursor.execute("SELECT pid, backend_start::text FROM pg_stat_activity WHERE "
-                           "application_name = 'stateguard-worker'")
+                           "application_name = 'stateguard-worker' "
+                           "AND datname = current_database()")
             return set(cursor.fetchall())
 
     workers.env["DATABASE_POOL"] = "3"
