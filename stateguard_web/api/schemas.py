@@ -272,8 +272,10 @@ class AgentOut(Schema):
     name: str
     description: str
     nodes: list[str]
-    compensated: list[str] = Field(description="the nodes that have a compensation")
-    approvals: list[str] = Field(description="the nodes gated by an operator's approval")
+    tools: list[str] = Field(description="the tools its agent's model can call (each call a step)")
+    compensated: list[str] = Field(description="the nodes and tools that have a compensation")
+    approvals: list[str] = Field(
+        description="the nodes, tools or tags gated by an operator's approval")
     input_schema: dict[str, Any] = Field(description="the JSON schema of the input")
 
 

@@ -13,6 +13,7 @@ from django.db.models import JSONField, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast, JSONObject
 
 from stateguard.instrument import node_tags
+from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.precompiled import Precompiled
 from stateguard_web.sagas import runtime
 from stateguard_web.sagas.models import (
@@ -243,15 +244,19 @@ def run_detail(*, run: Run) -> dict[str, Any]:
 
 def agent_list() -> list[dict[str, Any]]:
     """The agents this deployment offers: name, description, nodes (in the order they were
-    added), the nodes that have a compensation (by name or by tag), the approval gates and
-    the JSON schema of the input."""
+    added), the tools its ``ToolNode``s can call, the nodes and tools that have a compensation
+    (by name or by tag), the approval gates and the JSON schema of the input."""
     agents = []
     for name in runtime.agent_names():
         spec = runtime.agent_spec(name)
-        nodes = {node: node_tags(ns.metadata) for node, ns in spec.build().nodes.items()}
+        graph_nodes = spec.build().nodes
+        nodes = {node: node_tags(ns.metadata) for node, ns in graph_nodes.items()}
+        tools = tools_of(tool_nodes({n: ns.runnable for n, ns in graph_nodes.items()}))
+        keyed = {**nodes, **tools}  # a compensation names a node, a tool, or one's tag
         agents.append({
             "name": name, "description": spec.description, "nodes": list(nodes),
-            "compensated": [n for n, tags in nodes.items()
+            "tools": list(tools),
+            "compensated": [n for n, tags in keyed.items()
                             if n in spec.compensations
                             or any(t in spec.compensations for t in tags)],
             "approvals": list(spec.approvals),

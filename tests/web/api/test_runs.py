@@ -201,6 +201,11 @@ class AgentsAndSchemaTests(World):
         assert checkout["approvals"] == ["charge_user"]
         assert set(checkout["input_schema"]["required"]) == {"email", "amount"}
         assert agents["provision"]["compensated"] == agents["provision"]["nodes"]
+        assert checkout["tools"] == []
+        travel = agents["travel"]  # an AI agent: its compensations are keyed by its tools
+        assert travel["nodes"] == ["agent", "tools"]
+        assert travel["tools"] == ["charge_card", "reserve_hotel", "send_confirmation"]
+        assert travel["compensated"] == travel["tools"]
 
     def test_it_publishes_its_openapi_schema_and_docs(self) -> None:
         response = Client().get("/api/openapi.json")  # public, like the docs
