@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,16 +33,11 @@ from stateguard import (
 from tests.core.support import FAST_RETRY, LineState, config
 from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
 
+pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
+
 RUNS_UNDER_LOAD = 200
 THREADS, ROUNDS = 20, 30  # PostgreSQL; SQLite serialises its writers, so fewer rounds there
 SQLITE_ROUNDS = 10
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the drop-in's durability warning
-        yield
 
 
 def loop_builder(effects: list[str], lock: threading.Lock | None = None
@@ -177,18 +171,6 @@ def test_it_keeps_the_order_for_20_threads_through_one_guard_on_postgres(
         saver = JitteryPostgresSaver(pool)  # type: ignore[arg-type]
         saver.setup()
         assert hammer(saver, InMemoryJournal(), "pg") == []
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def saver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield InMemorySaver()
-        return
-    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
 
 
 def fork_with_slow_sibling(effects: list[str], started: threading.Event

@@ -4,15 +4,9 @@ forgets a thread's run, and InMemoryJournal keeps a bounded number of finished r
 from __future__ import annotations
 
 import asyncio
-import sqlite3
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.sqlite import SqliteSaver
 
 from stateguard import (
     Compensation,
@@ -22,32 +16,14 @@ from stateguard import (
     RunNotFound,
     RunStatus,
     SagaAborted,
-    SqliteJournal,
     StateGuardCheckpointer,
     record_effect,
 )
 from tests.core.support import FAST_RETRY, config, line_builder, undo
 
+pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
+
 NODES = ["charge", "ship"]
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the drop-in's durability warning
-        yield
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    if request.param == "memory":
-        yield {"saver": InMemorySaver(), "journal": InMemoryJournal()}
-        return
-    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
-    try:
-        yield {"saver": SqliteSaver(conn), "journal": SqliteJournal(tmp_path / "journal.db")}
-    finally:
-        conn.close()
 
 
 def charge_recording(state: dict[str, Any]) -> dict[str, Any]:

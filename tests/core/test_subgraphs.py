@@ -4,15 +4,9 @@ inner effect, so its run never ends "compensated" unless its compensation checke
 
 from __future__ import annotations
 
-import sqlite3
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 
 from stateguard import (
@@ -25,24 +19,7 @@ from stateguard import (
 )
 from tests.core.support import FAST_RETRY, LineState, config
 
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the drop-in's durability warning
-        yield
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def saver(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
-    if request.param == "memory":
-        yield InMemorySaver()
-        return
-    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
-    try:
-        yield SqliteSaver(conn)
-    finally:
-        conn.close()
+pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
 
 
 def outer_builder(effects: list[str], fail_inside: bool) -> StateGraph[Any, Any, Any, Any]:

@@ -4,43 +4,24 @@ saver and journal."""
 
 from __future__ import annotations
 
-import sqlite3
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from langgraph.checkpoint.memory import InMemorySaver
-from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
 from stateguard import (
     GuardedState,
-    InMemoryJournal,
     InvariantViolation,
     RunStatus,
     SagaAborted,
-    SqliteJournal,
     StateGuardCheckpointer,
 )
 from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
 
+pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
+
 NODES = ["charge", "ship"]
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A saver and a journal: both in memory, or both in SQLite files."""
-    if request.param == "memory":
-        yield {"saver": InMemorySaver(), "journal": InMemoryJournal()}
-        return
-    conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
-    try:
-        yield {"saver": SqliteSaver(conn), "journal": SqliteJournal(tmp_path / "journal.db")}
-    finally:
-        conn.close()
 
 
 def guard_for(stores: dict[str, Any], effects: list[str], **kwargs: Any
@@ -48,13 +29,6 @@ def guard_for(stores: dict[str, Any], effects: list[str], **kwargs: Any
     return StateGuardCheckpointer(stores["saver"], journal=stores["journal"],
                                   compensations={"charge": undo(effects, "charge")},
                                   compensation_retry=FAST_RETRY, **kwargs)
-
-
-@pytest.fixture(autouse=True)
-def _quiet() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the drop-in's durability warning
-        yield
 
 
 def test_it_undoes_only_the_failing_turn_in_the_drop_in_form(stores: dict[str, Any]) -> None:
