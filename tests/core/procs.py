@@ -64,8 +64,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     directory: Path = args.dir
 
+    after_death = (NODES[NODES.index(args.die_after_writes) + 1:]
+                   if args.die_after_writes else [])
+
     class Effects(list[str]):
         def append(self, node: str) -> None:
+            if node in after_death:
+                # LangGraph saves a task's writes on a background thread, which a loaded
+                # machine may run after the next node started: wait for it to end us first.
+                time.sleep(30)
             if node == args.hang_at:
                 log(directory, f"started:{node}")
                 time.sleep(60)  # the test kills us here
