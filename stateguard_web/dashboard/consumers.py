@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from abc import ABC, abstractmethod
 from typing import Any
 
 from channels.consumer import get_handler_name
@@ -35,12 +36,13 @@ _FORWARDED = frozenset({"run.events", "batch.events"})  # the publisher's batche
 _REMEMBERED = 10_000  # run codes a submitter's list socket remembers as its own or not
 
 
-class _LiveConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]
+class _LiveConsumer(AsyncJsonWebsocketConsumer, ABC):  # type: ignore[misc]
     group: str | None = None
 
+    @abstractmethod
     async def authorize(self) -> str | None:
-        """The group to listen to, or ``None`` to refuse the connection."""
-        raise NotImplementedError
+        """The group to listen to, or ``None`` to refuse the connection (each page's
+        consumer says which group it listens to, and who may)."""
 
     async def connect(self) -> None:
         group = await self.authorize()
