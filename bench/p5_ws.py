@@ -65,6 +65,8 @@ ENV = {
 os.environ.update(ENV)
 sys.path.insert(0, str(ROOT))
 
+from bench import databases  # noqa: E402
+
 
 def pct(values: list[float], p: float) -> float:
     values = sorted(values)
@@ -77,15 +79,6 @@ def pct(values: list[float], p: float) -> float:
 
 
 # --- database, user, servers ------------------------------------------------------------------
-
-def setup_database() -> None:
-    import psycopg
-
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres",
-                         autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB_NAME}")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
 
 
 def operator_session() -> tuple[Any, str]:
@@ -505,7 +498,7 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the servers on the way out
 
-    setup_database()
+    databases.recreate(DB_NAME)
     import django
 
     django.setup()

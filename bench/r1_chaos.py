@@ -66,6 +66,7 @@ os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DEBUG="false",
                   STATEGUARD_ENV_FILE="", STRIPE_API_KEY=STRIPE_KEY)
 sys.path.insert(0, str(ROOT))
 
+from bench import databases  # noqa: E402
 from tests.core.lossy_relay import LossyRelay, _read_message  # noqa: E402
 
 DONE = ("succeeded", "compensated", "needs_attention")
@@ -180,17 +181,6 @@ class Kill:
     runs: list[str] = field(default_factory=list)  # codes of the runs its processes held
 
 
-def setup_database() -> None:
-    import psycopg
-
-    # Made anew each time: empty, and with no migration of another tree applied.
-    with psycopg.connect("postgresql://postgres@127.0.0.1:5432/postgres",
-                         autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB_NAME}")
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v0"], cwd=ROOT, check=True)
-
-
 def start_localstripe(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "tools/localstripe_server.py", "--port", "0"], cwd=ROOT,
@@ -253,7 +243,7 @@ def main() -> None:
         env_extra["STATEGUARD_ON_CRASH"] = f"checkout={args.on_crash}"
     os.environ.update(env_extra)
 
-    setup_database()
+    databases.recreate(DB_NAME)
     import django
 
     django.setup()
