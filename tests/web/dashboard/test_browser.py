@@ -249,7 +249,7 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     seer.wait_for_selector("[data-compensation]")
     assert seer.locator("button[data-dialog], form[action*='/resolve']").count() == 0
     live(seer)
-    shot(seer, "15-viewer-run")
+    shot(seer, "17-viewer-run")
     audit_before = AuditEvent.objects.filter(run=stuck).count()
     status = seer.evaluate("""async (path) => {
         const token = document.querySelector("input[name=csrfmiddlewaretoken]").value;
