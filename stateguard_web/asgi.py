@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
 
 # Set Django up before importing anything that may import models (consumers, routing).
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)  # as get_asgi_application() does; the handler is ours:
+
+from stateguard_web.threads import ReusedThreadsHandler  # noqa: E402
+
+django_asgi_app = ReusedThreadsHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

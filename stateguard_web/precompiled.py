@@ -1,40 +1,106 @@
-"""Annotations whose SQL the ORM compiles once per process, for the API's hottest reads.
+"""Lookups whose SQL the ORM compiles once per process, for the API's hottest reads.
 
-Django builds and compiles a query's SQL anew on every call. For a plain lookup that is cheap,
-but an expression of nested subqueries (a run's steps, compensations with their attempts,
-approvals, effects and audit trail as JSON; a user's permissions) costs more CPU to build and
-compile than PostgreSQL takes to run it: measured ~6x a plain lookup, more than the six queries
-it replaces (P6, docs/benchmarks.md). Its SQL depends on the models only, so ``Precompiled``
-has the ORM compile it on first use and keeps the text; each query then annotates itself with
-it as ``RawSQL``, which costs nothing to compile. The expression must refer to the outer query
-through ``OuterRef`` only (the outer model's table is the outer query's base table).
+Django builds and compiles a query's SQL anew on every call. For the reads that every API
+request makes (its key with the user's permissions; a run with its steps, compensations,
+approvals, effects and audit trail as one PostgreSQL JSON object) that cost more CPU than
+PostgreSQL takes to run them: a profile of Daphne under load (P6, docs/benchmarks.md) showed
+the ORM's filter, join promotion and SQL compilation at about a fifth of a request, the queries
+themselves far less. Their SQL depends on the models only, so ``CompiledGet`` has the ORM
+compile the whole query on first use and keeps the text and how to read its rows (the same
+steps as Django's ``ModelIterable``: the model's columns, ``select_related`` objects,
+annotations, each column's converters); each call then runs the text with the value looked up.
+
+The statement runs on a server-side binding cursor (Django's own bind client-side), so
+psycopg prepares it once it has run ``prepare_threshold`` times on a connection (settings.py):
+on the web processes' pooled connections PostgreSQL then skips planning it, which was most of
+its cost (measured: 1.0-1.3 ms of PostgreSQL CPU for the key and a run's detail, 0.14-0.30 ms
+prepared), and psycopg no longer parses its ``%s`` placeholders, which for the run's history
+(~6 kB, ~90 parameters, past psycopg's parse cache) was a tenth of a detail request. The SQL
+names its columns, so a migration that adds one does not invalidate a prepared statement.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from django.db import connection
-from django.db.models import Expression, Field, Model
-from django.db.models.expressions import RawSQL
+import psycopg
+from django.db import connections
+from django.db.models import Model, QuerySet
+from django.db.models.query import get_related_populators
+
+M = TypeVar("M", bound=Model)
 
 
-class Precompiled:
-    """``build()``'s SQL as an annotation of ``model``'s queries (see the module)."""
 
-    def __init__(self, model: type[Model], build: Callable[[], Expression],
-                 output_field: Field[Any, Any]) -> None:
-        self.model, self.build, self.output_field = model, build, output_field
+@dataclass(frozen=True)
+class _Plan(Generic[M]):
+    model: type[M]
+    db: str
+    sql: str
+    params: tuple[Any, ...]
+    slot: int  # the looked-up value's place in ``params``
+    start: int  # the model's own columns: row[start:end], named by init_list
+    end: int
+    init_list: list[str]
+    related: list[Any]  # Django's RelatedPopulator, one per select_related object
+    annotations: dict[str, int]  # attribute -> column
+    converters: dict[int, tuple[list[Any], Any]]  # column -> (converters, expression)
+
+
+class CompiledGet(Generic[M]):
+    """``build(value)``, a query that finds at most one ``M`` by ``value``, compiled once
+    (``marker``, a value of the same type found nowhere else in the query, stands for it then);
+    ``get(value)`` is that query's ``get()`` without the ORM's work."""
+
+    def __init__(self, build: Callable[[Any], QuerySet[M]], marker: Any) -> None:
+        self.build, self.marker = build, marker
 
     @cached_property
-    def sql(self) -> tuple[str, tuple[Any, ...]]:
-        query = self.model._default_manager.annotate(precompiled=self.build()).query
-        sql, params = query.get_compiler(connection=connection).compile(
-            query.annotations["precompiled"])
-        return sql, tuple(params)
+    def plan(self) -> _Plan[M]:
+        queryset = self.build(self.marker).order_by()  # as get() does: one row is found
+        compiler = queryset.query.get_compiler(using=queryset.db)
+        sql, params = compiler.as_sql()
+        slots = [i for i, p in enumerate(params) if p == self.marker]
+        assert len(slots) == 1, f"the marker must be one parameter of the query, not {slots}"
+        select, klass_info = compiler.select, compiler.klass_info
+        assert klass_info is not None
+        fields = klass_info["select_fields"]
+        start, end = fields[0], fields[-1] + 1
+        return _Plan(
+            model=queryset.model, db=queryset.db, sql=sql, params=tuple(params), slot=slots[0],
+            start=start, end=end,
+            init_list=[f[0].target.attname for f in select[start:end]],
+            related=get_related_populators(klass_info, select, queryset.db),
+            annotations=dict(compiler.annotation_col_map),
+            converters=compiler.get_converters([s[0] for s in select[:compiler.col_count]]))
 
-    def annotation(self) -> RawSQL:
-        sql, params = self.sql
-        return RawSQL(sql, params, output_field=self.output_field)
+    def get(self, value: Any) -> M:
+        plan = self.plan
+        params = list(plan.params)
+        params[plan.slot] = value
+        connection = connections[plan.db]
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        server_side = psycopg.Cursor(connection.connection)  # may be prepared (see above)
+        wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
+        with wrap(server_side) as cursor:
+            cursor.execute(plan.sql, params)
+            rows = cursor.fetchmany(2)
+        if len(rows) != 1:
+            model = plan.model
+            if not rows:
+                raise model.DoesNotExist(f"{model.__name__} matching query does not exist.")
+            raise model.MultipleObjectsReturned(f"more than one {model.__name__} found")
+        row = list(rows[0])
+        for column, (converters, expression) in plan.converters.items():
+            for converter in converters:
+                row[column] = converter(row[column], expression, connection)
+        obj = plan.model.from_db(plan.db, plan.init_list, row[plan.start:plan.end])
+        for populator in plan.related:
+            populator.populate(row, obj)
+        for name, column in plan.annotations.items():
+            setattr(obj, name, row[column])
+        return obj

@@ -23,7 +23,7 @@ from django.utils import timezone
 from stateguard_web.accounts.backends import permission_names, remember_permissions
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.roles import ROLES, Role
-from stateguard_web.precompiled import Precompiled
+from stateguard_web.precompiled import CompiledGet
 from stateguard_web.sagas.models import AuditEvent
 
 __all__ = ["KEY_PREFIX", "KeyRefused", "UnknownRole", "api_key_authenticate", "api_key_create",
@@ -36,9 +36,12 @@ _KEY_SHAPE = re.compile(r"sg_[0-9a-f]{8}_[A-Za-z0-9_-]{1,100}")
 # request (an agent polling a run would otherwise write on every poll).
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
-# The permissions of a key's user, read with the key (PostgreSQL; compiled once: precompiled).
-_PERMISSIONS = Precompiled(ApiKey, lambda: ArraySubquery(permission_names(OuterRef("user_id"))),
-                           ArrayField(TextField()))
+# A key by its prefix, with its user and (PostgreSQL) the user's permissions in the same query,
+# its SQL compiled once (precompiled.py): every request with a key makes this query.
+_KEY = CompiledGet(lambda prefix: ApiKey.objects.select_related("user").filter(
+    prefix=prefix).annotate(perms=ArraySubquery(permission_names(OuterRef("user_id")),
+                                                output_field=ArrayField(TextField()))),
+    marker="sg_precompiled")
 
 
 class KeyRefused(Exception):
@@ -111,11 +114,11 @@ def api_key_authenticate(raw: str) -> ApiKey:
     if not _KEY_SHAPE.fullmatch(raw):  # nothing else reaches the database
         raise KeyRefused("invalid API key")
     prefix = raw[:_PREFIX_LENGTH]
-    keys = ApiKey.objects.select_related("user").filter(prefix=prefix)
-    if connection.vendor == "postgresql":  # and its user's permissions, in the same query
-        keys = keys.annotate(perms=_PERMISSIONS.annotation())
     try:
-        key = keys.get()  # not first(): no ORDER BY to compile (the prefix is unique)
+        if connection.vendor == "postgresql":
+            key = _KEY.get(prefix)
+        else:
+            key = ApiKey.objects.select_related("user").get(prefix=prefix)
     except ApiKey.DoesNotExist:
         key = None
     # Compare a hash even when no key has this prefix, so that both take the same time.

@@ -25,13 +25,13 @@ from typing import Any
 from asgiref.sync import markcoroutinefunction
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
-from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponseBase
 from django.middleware import clickjacking, common, security
 from django.utils.module_loading import import_string
 
 from stateguard_web.metrics import API_PREFIX
+from stateguard_web.threads import ReusedThreadsHandler
 
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
@@ -63,7 +63,7 @@ class ByCredentials:
         await app(scope, receive, send)
 
 
-class KeyedApiHandler(ASGIHandler):
+class KeyedApiHandler(ReusedThreadsHandler):
     """Django's ASGI handler with ``settings.KEYED_API_MIDDLEWARE`` as its middleware. Each
     must be async (no thread hop) and have no view, template-response or exception hooks
     (which this handler does not collect)."""

@@ -9,12 +9,12 @@ from typing import Any
 
 from django.contrib.postgres.expressions import ArraySubquery
 from django.db import connection
-from django.db.models import JSONField, OuterRef, Q, QuerySet, TextField
+from django.db.models import OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast, JSONObject
 
 from stateguard.instrument import node_tags
 from stateguard.tools import tool_nodes, tools_of
-from stateguard_web.precompiled import Precompiled
+from stateguard_web.precompiled import CompiledGet
 from stateguard_web.sagas import runtime
 from stateguard_web.sagas.models import (
     Approval,
@@ -39,11 +39,11 @@ def run_get(*, code: str | uuid.UUID, detail: bool = False) -> Run:
     """The run ``code``, with its submitter (a run's summary names it). With ``detail``, on
     PostgreSQL, also everything ``run_detail`` shows, in the same query (``_HISTORY``): one
     query instead of seven."""
-    runs = Run.objects.select_related("submitted_by")
-    if detail and connection.vendor == "postgresql":
-        runs = runs.annotate(detail_history=_HISTORY.annotation())
     try:
-        return runs.get(code=uuid.UUID(str(code)))
+        code = uuid.UUID(str(code))
+        if connection.vendor != "postgresql":
+            return Run.objects.select_related("submitted_by").get(code=code)
+        return (_RUN_DETAIL if detail else _RUN).get(code)
     except (ValueError, Run.DoesNotExist) as exc:
         raise RunNotFound(f"no run {code}") from exc
 
@@ -140,10 +140,20 @@ def _history(run: Run | OuterRef, as_json: bool) -> dict[str, QuerySet[Any]]:
     }
 
 
-# A run's history as one JSON object of arrays (PostgreSQL), compiled once (``precompiled``).
-_HISTORY = Precompiled(Run, lambda: JSONObject(**{
-    name: ArraySubquery(rows) for name, rows in _history(OuterRef("pk"), as_json=True).items()}),
-    JSONField())
+# A run by its code with its submitter; and with its history as one JSON object of arrays
+# (PostgreSQL). Every API read of a run makes one of these: their SQL is compiled once
+# (precompiled.py).
+_MARKER = uuid.UUID(int=0)
+
+
+def _run_by_code(code: uuid.UUID) -> QuerySet[Run]:
+    return Run.objects.select_related("submitted_by").filter(code=code)
+
+
+_RUN = CompiledGet(_run_by_code, marker=_MARKER)
+_RUN_DETAIL = CompiledGet(lambda code: _run_by_code(code).annotate(detail_history=JSONObject(**{
+    name: ArraySubquery(rows) for name, rows in _history(OuterRef("pk"), as_json=True).items()
+})), marker=_MARKER)
 
 
 def _read_history(run: Run) -> dict[str, list[dict[str, Any]]]:

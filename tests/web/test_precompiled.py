@@ -1,0 +1,103 @@
+"""CompiledGet (stateguard_web/precompiled.py): the API's hottest lookups, compiled once, read
+back exactly as the ORM reads them, and fresh on every call (nothing but the SQL is kept)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from stateguard_web.accounts import services
+from stateguard_web.accounts.models import ApiKey
+from stateguard_web.precompiled import CompiledGet
+from stateguard_web.sagas import selectors
+from stateguard_web.sagas.models import Run, Step
+from tests.web.api.world import make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def _by_code(code: uuid.UUID):  # type: ignore[no-untyped-def]
+    return Run.objects.select_related("submitted_by").filter(code=code)
+
+
+def test_it_reads_a_run_as_the_orm_does_with_its_submitter_in_one_query() -> None:
+    alice = make_user("alice", "submitter")
+    run = Run.objects.create(agent="checkout", input={"amount": 5, "note": "x"},
+                             submitted_by=alice)
+    compiled = CompiledGet(_by_code, marker=uuid.UUID(int=0))
+    with CaptureQueriesContext(connection) as queries:
+        found = compiled.get(run.code)
+        assert found.submitted_by.get_username() == "alice"  # no second query
+    assert len(queries) == 1
+    orm = _by_code(run.code).get()
+    fields = [f.attname for f in Run._meta.concrete_fields]
+    assert [getattr(found, f) for f in fields] == [getattr(orm, f) for f in fields]
+    assert found.input == {"amount": 5, "note": "x"}  # JSON decoded, as the ORM does
+    assert found.created_at.tzinfo is not None and found._state.adding is False
+
+
+def test_it_raises_does_not_exist_and_reads_each_call_anew() -> None:
+    compiled = CompiledGet(_by_code, marker=uuid.UUID(int=0))
+    with pytest.raises(Run.DoesNotExist):
+        compiled.get(uuid.uuid4())
+    run = Run.objects.create(agent="checkout", input={})
+    assert compiled.get(run.code).status == Run.Status.PENDING
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.FAILED)
+    assert compiled.get(run.code).status == Run.Status.FAILED
+
+
+def test_it_refuses_a_marker_that_is_not_one_parameter() -> None:
+    compiled = CompiledGet(lambda agent: Run.objects.filter(agent=agent, status=agent),
+                           marker="m")
+    with pytest.raises(AssertionError, match="marker"):
+        compiled.get("checkout")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_is_prepared_on_a_connection_that_runs_it_often() -> None:
+    """PostgreSQL then skips planning it (Django's own queries never are prepared)."""
+    run = Run.objects.create(agent="checkout", input={})
+    threshold = connection.settings_dict["OPTIONS"]["prepare_threshold"]
+    for _ in range(threshold + 1):
+        assert selectors.run_get(code=run.code, detail=True).pk == run.pk
+        assert Run.objects.filter(code=run.code).count() == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        prepared = [row[0] for row in cursor.fetchall()]
+    assert len(prepared) == 1 and '"detail_history"' in prepared[0]
+
+
+def test_a_run_detail_reads_its_history_with_the_run() -> None:
+    run = Run.objects.create(agent="checkout", input={})
+    now = timezone.now()
+    for i, node in enumerate(("charge", "book")):
+        Step.objects.create(run=run, node=node, step_id=f"s{i}", status=Step.Status.SUCCEEDED,
+                            started_at=now + timedelta(seconds=i))
+    with CaptureQueriesContext(connection) as queries:
+        found = selectors.run_get(code=str(run.code), detail=True)
+    assert len(queries) == 1
+    assert [s["node"] for s in found.detail_history["steps"]] == ["charge", "book"]
+    assert selectors.run_detail(run=found)["steps"] == selectors.run_detail(
+        run=Run.objects.get(pk=run.pk))["steps"]
+
+
+def test_a_key_is_read_with_its_permissions_and_a_revocation_counts_at_once() -> None:
+    alice = make_user("alice", "submitter")
+    key, raw = services.api_key_create(user=alice, name="ci")
+    with CaptureQueriesContext(connection) as queries:
+        found = services.api_key_authenticate(raw)
+        assert found.user.has_perm("sagas.submit_run")
+        assert not found.user.has_perm("sagas.operate_run")
+    assert len(queries) == 2  # the key with its permissions; its last use, once a minute
+    assert found.user._perm_cache == {
+        f"{p.content_type.app_label}.{p.codename}"
+        for p in Permission.objects.filter(group__user=alice)}
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
+    with pytest.raises(services.KeyRefused, match="revoked"):
+        services.api_key_authenticate(raw)

@@ -1,0 +1,82 @@
+"""ReusedThreadsHandler (stateguard_web/threads.py): a request's sync code runs on a thread
+kept from earlier requests, one request at a time per thread, and still ends with its database
+connection given back."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import HttpCommunicator
+from django.core.signals import request_finished, request_started
+from django.db import connection
+
+from stateguard_web.asgi import application
+from stateguard_web.threads import ReusedThreadsHandler
+
+
+@pytest.fixture
+def seen() -> Iterator[list[dict[str, Any]]]:
+    """What each request's ``request_started``/``request_finished`` receivers saw (they run
+    on the request's sync thread, after Django's own)."""
+    events: list[dict[str, Any]] = []
+
+    def started(**_: Any) -> None:
+        events.append({"at": "started", "thread": threading.get_ident()})
+
+    def finished(**_: Any) -> None:
+        events.append({"at": "finished", "thread": threading.get_ident(),
+                       "connection_open": connection.connection is not None})
+
+    request_started.connect(started, weak=False)
+    request_finished.connect(finished, weak=False)
+    yield events
+    request_started.disconnect(started)
+    request_finished.disconnect(finished)
+
+
+async def _get(path: str) -> dict[str, Any]:
+    communicator = HttpCommunicator(application, "GET", path, headers=[(b"host", b"localhost")])
+    response = await communicator.get_response(timeout=10)
+    await communicator.wait(timeout=10)  # the request's end: request_finished
+    return response
+
+
+def test_the_site_and_the_keyed_api_use_it() -> None:
+    http = application.application_mapping["http"]
+    site = getattr(http.site, "application", http.site)  # DEBUG serves static files around it
+    assert isinstance(site, ReusedThreadsHandler)
+    assert isinstance(http.keyed, ReusedThreadsHandler)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requests_one_after_another_run_on_one_kept_thread(seen: list[dict[str, Any]]) -> None:
+    for _ in range(3):
+        assert async_to_sync(_get)("/api/health")["status"] in (200, 503)  # reads the database
+    threads = {e["thread"] for e in seen}
+    assert len(seen) == 6 and len(threads) == 1
+    assert threads != {threading.main_thread().ident}
+    assert not any(e.get("connection_open") for e in seen if e["at"] == "finished")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requests_at_once_each_get_a_thread_of_their_own(seen: list[dict[str, Any]]) -> None:
+    both_started = threading.Barrier(2, timeout=5)  # on one thread, the second never starts
+
+    def wait_for_the_other(**_: Any) -> None:
+        both_started.wait()
+
+    request_started.connect(wait_for_the_other, weak=False)
+    try:
+        async def two() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(_get("/healthz"), _get("/healthz")))
+
+        responses = async_to_sync(two)()
+    finally:
+        request_started.disconnect(wait_for_the_other)
+    assert [r["status"] for r in responses] == [200, 200]
+    assert len({e["thread"] for e in seen if e["at"] == "started"}) == 2
