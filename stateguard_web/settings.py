@@ -218,9 +218,19 @@ CHANNEL_LAYERS = {
 
 # Celery (read by stateguard_web/celery.py with namespace="CELERY").
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+# kombu's Redis transport with one Redis client per channel instead of one per publish
+# (stateguard_web/broker.py); other schemes (rediss, sentinel, ...) keep kombu's own.
+if CELERY_BROKER_URL.startswith("redis://"):
+    CELERY_BROKER_TRANSPORT = "stateguard_web.broker:Transport"
 # No result backend by default: tasks take ids and write their outcome to the database.
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=None)
 CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
+# Without a backend, each thread that publishes would build a "disabled" result backend of its
+# own (Celery keeps one per thread unless told it is thread-safe), and Daphne runs each request
+# on a new thread: ~700 Python calls more for a publish from a new thread (2480 instead of
+# 1777; P6, docs/benchmarks.md). The disabled backend keeps no state, so one per process is
+# safe; a real backend is left to decide for itself.
+CELERY_RESULT_BACKEND_THREAD_SAFE = CELERY_RESULT_BACKEND is None
 # A worker that dies mid-task leaves the message unacked, so another worker runs it again.
 # Safe only because our tasks are idempotent (they re-read state by id and hold leases).
 CELERY_TASK_ACKS_LATE = True
