@@ -3,6 +3,8 @@
 Here StateGuard sees the run only through the checkpointer calls LangGraph makes on its background
 threads, so it observes rather than instruments:
 - ``put_writes`` of a task that finished -> a succeeded step (node from ``task_path``);
+- ``put_writes`` carrying ``__interrupt__`` -> a paused step (the node called ``interrupt()``;
+  LangGraph runs it again, from its start, when the run is resumed);
 - ``put_writes`` carrying ``__error__`` -> the unwind runs right there, before LangGraph re-raises
   the node's exception to the caller (LangGraph waits for these calls before it raises), once the
   tasks still running beside it have finished (one unwind undoes them too), and the exception
@@ -166,8 +168,10 @@ class DropInObserver:
         run_id = str(config.get("configurable", {}).get("thread_id"))
         nodes, channels = self._learn_graph(graph)
         if mode == "observe":  # a guarded graph's turns are the runner's to keep
-            self._next_turn(run_id)
+            paused = self._next_turn(run_id)
             self._admit(config)
+            if paused:  # resumed: running again, so that _end_turn records how it ends
+                self.core.set_status(run_id, RunStatus.RUNNING)
         # A resumed step's writes name the checkpoint loaded here, saved by an earlier invoke.
         live = _Run(nodes, channels, order=CommitOrder(self._cond), observing=mode == "observe")
         if saved is not None:
@@ -267,24 +271,28 @@ class DropInObserver:
             logger.warning("StateGuard drop-in: %s (LangGraph internals moved?). Runs are still "
                            "observed; what is kept for one is forgotten %s.", what, forgotten)
 
-    def _next_turn(self, run_id: str) -> None:
+    def _next_turn(self, run_id: str) -> bool:
         """A thread whose last turn finished starts a new turn (a saga of its own): invoked
-        again with input, or with ``None`` after ``update_state`` (resuming after a fix)."""
+        again with input, or with ``None`` after ``update_state`` (resuming after a fix).
+        True if the thread's turn is paused: this invoke resumes it (or, with input, starts a
+        new one)."""
         journal = self.core.journal
         run = journal.run_get(run_id)
         if run is None:
-            return
+            return False
         if run.status in (RunStatus.COMPENSATING, RunStatus.NEEDS_ATTENTION):
             raise InvalidRunState(
                 f"run {run_id!r} is {run.status}: an effect is still being undone, or could "
                 "not be undone and waits for an operator; continue once it is settled")
         if run.status not in NEXT_TURN:
-            return  # paused, or cut short: this invoke goes on with its turn
+            # paused, or cut short: this invoke goes on with its turn
+            return run.status == RunStatus.PAUSED
         if not isinstance(journal, TurnJournal):
             raise InvalidRunState(
                 f"run {run_id!r} finished ({run.status}) and this journal keeps one saga per "
                 "thread: start a new thread_id")
         journal.run_next_turn(run_id)
+        return False
 
     def _admit(self, config: RunnableConfig) -> None:
         if self.core.spec.approvals:
@@ -490,16 +498,20 @@ class DropInObserver:
         node = task_path.rsplit(", ", 1)[-1] if task_path.startswith("~__pregel_pull") else ""
         conf = config["configurable"]
         run_id = str(conf["thread_id"])
+        observing = self.mode(config) == "observe"  # else the node wrappers journal the steps
+        named = bool(node) and not node.startswith("__")
         if any(c == _INTERRUPT for c, _ in writes):
             live.paused = True
+            if observing and named:  # interrupt() in the body: it runs again on resume
+                self.core.journal.step_start(run_id, task_id, node, live.nodes.get(node, ()))
+                self.core.journal.step_finish(run_id, task_id, StepStatus.PAUSED)
             return None
         if not node and task_path.startswith("~__pregel_push"):
             return self._send_failed(live, config, writes)
-        if not node or node.startswith("__"):
+        if not named:
             return None
         journal, tags = self.core.journal, live.nodes.get(node, ())
         error = next((v for c, v in writes if c == _ERROR), None)
-        observing = self.mode(config) == "observe"  # else the node wrappers journal the steps
         if observing:
             journal.step_start(run_id, task_id, node, tags)
         update = {c: v for c, v in writes if not is_internal_channel(c)}

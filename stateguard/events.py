@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 logger = logging.getLogger("stateguard")
 
+# A step that pauses itself by interrupt() (journaled "paused") has no event of its own: the
+# pause stops the run, whose "run.status" (paused) follows, and a live view re-reads the run.
 EventType = Literal[
     "step.started", "step.succeeded", "step.failed", "invariant.violated",
     "compensation.attempt", "compensation.succeeded", "compensation.failed",

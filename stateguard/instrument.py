@@ -5,7 +5,8 @@ Each node of the builder is wrapped so that, around the node body, in every dura
    resume, so gating inside the body would repeat its effect);
 2. invariants are checked on the input state (catching the combined writes of parallel nodes);
 3. a "step started" row is journaled, so a crash leaves a visible in-doubt step;
-4. the body runs;
+4. the body runs (a body that pauses itself with ``interrupt()`` is journaled paused: it runs
+   again, from its start, on resume);
 5. invariants are checked on ``state + update`` computed with the graph's reducers; a violation
    raises ``InvariantViolation`` (a ``RuntimeError``, which LangGraph neither retries nor applies).
 """
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from langchain_core.runnables import RunnableConfig
-from langgraph.errors import GraphBubbleUp
+from langgraph.errors import GraphBubbleUp, GraphInterrupt
 from langgraph.graph import StateGraph
 from langgraph.types import interrupt
 
@@ -130,9 +131,9 @@ class _NodeWrapper:
         approval_gate(self.core, run_id, step_id, self.name, {"node": self.name, "state": values})
 
     def _failed(self, run_id: str, step_id: str, exc: BaseException) -> None:
-        if isinstance(exc, GraphBubbleUp):  # the node paused itself; it will run again
-            self.core.journal.step_finish(run_id, step_id, StepStatus.FAILED,
-                                          error=ErrorInfo("Interrupted", "node paused"))
+        bubbled = bubbled_up(exc)
+        if bubbled is not None:
+            self.core.journal.step_finish(run_id, step_id, bubbled[0], error=bubbled[1])
             return
         if not isinstance(exc, Exception):
             # Cancelled (a parallel sibling failed, under asyncio) or interrupted mid-body: the
@@ -171,6 +172,19 @@ class _NodeWrapper:
         emit(core.on_event, Event("invariant.violated", run_id, self.name, step_id,
                                   {"invariant": invariant.name, "message": message}))
         raise _tag(exc, self.name)
+
+
+def bubbled_up(exc: BaseException) -> tuple[StepStatus, ErrorInfo | None] | None:
+    """How a body that LangGraph's own control flow left (``GraphBubbleUp``) ends its step, or
+    ``None`` for anything else. ``interrupt()`` in the body pauses it: no effect happened, and
+    it runs again from its start on resume. Any other bubble-up (a subgraph's ``Command`` to
+    this graph, a drain) is no error of the body's either: LangGraph handles it, so no
+    ``step.failed`` and no unwind; the step is journaled failed, without a traceback."""
+    if isinstance(exc, GraphInterrupt):
+        return StepStatus.PAUSED, None
+    if isinstance(exc, GraphBubbleUp):
+        return StepStatus.FAILED, ErrorInfo(type(exc).__name__, "bubbled up to LangGraph")
+    return None
 
 
 def approval_gate(core: GuardCore, run_id: str, step_id: str, name: str,

@@ -22,6 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from stateguard.effects import EffectRecord, settled_status
 from stateguard.records import (
+    EFFECT_STATUSES,
     ApprovalRecord,
     ApprovalStatus,
     AttemptRecord,
@@ -244,7 +245,7 @@ class InMemoryJournal:
             step.status, step.update, step.state_after, step.error = (
                 status, update, state_after, error)
             step.finished_at = time.time()
-            if status in (StepStatus.SUCCEEDED, StepStatus.VIOLATED):
+            if status in EFFECT_STATUSES:
                 seq = self._done_seq[run_id] = self._done_seq.get(run_id, 0) + 1
                 step.done_seq = seq
 

@@ -39,6 +39,9 @@ class RunStatus(StrEnum):
 
 class StepStatus(StrEnum):
     STARTED = "started"  # body running; if the process died, this step is in doubt
+    # The body paused itself by interrupt(): no effect happened; LangGraph runs it again, from
+    # its start, on resume (a new start of the same step). Undone only as a FAILED step is.
+    PAUSED = "paused"
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # the body raised: no effect, unless an in_doubt_safe compensation finds one
     VIOLATED = "violated"  # the body ran (its effect happened) but an invariant failed after it

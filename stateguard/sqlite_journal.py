@@ -19,6 +19,7 @@ from typing import Any
 
 from stateguard.effects import Effect, EffectRecord, EffectStatus, settled_status
 from stateguard.records import (
+    EFFECT_STATUSES,
     ApprovalRecord,
     ApprovalStatus,
     AttemptRecord,
@@ -217,7 +218,7 @@ class SqliteJournal:
 
     def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
                     state_after: Any = None, error: ErrorInfo | None = None) -> None:
-        with_effect = status in (StepStatus.SUCCEEDED, StepStatus.VIOLATED)
+        with_effect = status in EFFECT_STATUSES
         self._db().execute(
             "UPDATE sg_steps SET status = ?, finished_at = ?, update_json = ?, state_after = ?,"
             " error = ?, done_seq = CASE WHEN ? THEN (SELECT COALESCE(MAX(done_seq), 0) + 1"

@@ -13,7 +13,8 @@ hook, composed around any the user gave) that, around each call:
    ``<task id>:<call id>`` (so its compensation's idempotency key is per call), and records the
    call's effects (``record_effect``) under it;
 3. runs the tool and journals the call's arguments and result (``ToolMessage`` content and
-   artifact) as the step's update, and the graph's state with the answer appended as its state;
+   artifact) as the step's update, and the graph's state with the answer appended as its state
+   (a tool that pauses itself with ``interrupt()`` is journaled paused, and runs again on resume);
 4. replays a call that already succeeded instead of running it again: LangGraph re-runs a whole
    task when it resumes it (after an approval, or a retry), and in v1 that task holds every
    call of the message.
@@ -44,14 +45,13 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
 from langchain_core.messages import ToolMessage
-from langgraph.errors import GraphBubbleUp
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
 from stateguard.effects import EffectLedger, recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
-from stateguard.instrument import NODE_ATTR, approval_gate
+from stateguard.instrument import NODE_ATTR, approval_gate, bubbled_up
 from stateguard.journal import turn_steps
 from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
@@ -242,9 +242,9 @@ class _ToolCallGuard:
 
     def _failed(self, call: _Call, exc: BaseException) -> None:
         journal = call.core.journal
-        if isinstance(exc, GraphBubbleUp):  # an interrupt() inside the tool: it runs again
-            journal.step_finish(call.run_id, call.step_id, StepStatus.FAILED,
-                                error=ErrorInfo("Interrupted", "tool paused"))
+        bubbled = bubbled_up(exc)  # interrupt() inside the tool: paused, it runs again
+        if bubbled is not None:
+            journal.step_finish(call.run_id, call.step_id, bubbled[0], error=bubbled[1])
             return
         if not isinstance(exc, Exception):
             return  # cancelled mid-call: the step stays started, in doubt

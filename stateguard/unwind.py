@@ -62,9 +62,11 @@ def plan(journal: Journal, run_id: str, spec: GuardSpec, *, include_in_doubt: bo
     completion order.
 
     Unknown: a step left "started" by a dead process (with ``include_in_doubt``), and a step
-    that failed but whose compensation is ``in_doubt_safe``. A body can raise after its effect
-    happened (the provider charged the card, and its answer was lost); a compensation that
-    checks before it acts costs nothing when there was no effect, and catches that one.
+    that failed (or paused itself by ``interrupt()``) but whose compensation is
+    ``in_doubt_safe``. A body can raise after its effect happened (the provider charged the
+    card, and its answer was lost), or act before it pauses; a compensation that checks before
+    it acts costs nothing when there was no effect, and catches that one. A paused step is
+    otherwise no effect: an ordinary compensation never runs for it.
 
     Only the run's current turn is undone: an earlier turn of the thread finished, settled."""
     steps = turn_steps(journal, run_id)
@@ -75,9 +77,10 @@ def plan(journal: Journal, run_id: str, spec: GuardSpec, *, include_in_doubt: bo
         if step.status == StepStatus.STARTED:
             return include_in_doubt
         comp = spec.compensation_for(step.node, step.tags)
-        if step.status != StepStatus.FAILED or comp is None:
+        if step.status not in (StepStatus.FAILED, StepStatus.PAUSED) or comp is None:
             return False
-        # A subgraph that raised may have had inner effects first: never "no effect".
+        # A subgraph that raised, or paused inside, may have had inner effects first: never
+        # "no effect".
         return comp.in_doubt_safe or SUBGRAPH_TAG in step.tags
 
     doubtful = sorted((s for s in steps if unknown(s)), key=lambda s: s.started_at, reverse=True)

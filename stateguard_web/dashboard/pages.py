@@ -154,6 +154,7 @@ COMPENSATION_WORDS = {
 }
 STEP_WORDS = {
     Step.Status.STARTED: ("run", "running"),
+    Step.Status.PAUSED: ("wait", "paused"),
     Step.Status.SUCCEEDED: ("ok", "succeeded"),
     Step.Status.FAILED: ("bad", "failed"),
     Step.Status.VIOLATED: ("bad", "invariant violated"),

@@ -143,7 +143,8 @@ class Step(models.Model):
     state_after = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     # The status before the latest start: "started" there means an earlier run of this step
-    # never finished (its worker died), so this run of it is a re-run of a step in doubt.
+    # never finished (its worker died), so this run of it is a re-run of a step in doubt;
+    # "paused" means the body paused itself by interrupt() and this run is its resumption.
     prev_status = models.CharField(max_length=20, blank=True, null=True)
 
     class Meta:

@@ -16,7 +16,9 @@ from stateguard import (
     RunStatus,
     SagaAborted,
     StateGuardCheckpointer,
+    StepStatus,
 )
+from stateguard.unwind import plan
 from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
 
 pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
@@ -175,6 +177,55 @@ def test_it_marks_a_drop_in_turn_paused_by_interrupt_and_resumes_it_in_the_same_
     with pytest.raises(ValueError, match="user said"):
         graph.invoke(Command(resume="no"), config("ask"))
     assert effects == ["charge", "undo:charge"]  # charge was of this turn
+
+
+@pytest.mark.parametrize("form", ["dropin", "guarded"])
+def test_it_journals_a_node_that_calls_interrupt_as_paused_then_as_it_ends_on_resume(
+        stores: dict[str, Any], form: str) -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(stores["saver"], journal=stores["journal"],
+                                   compensations={"charge": undo(effects, "charge"),
+                                                  "confirm": undo(effects, "confirm")},
+                                   compensation_retry=FAST_RETRY)
+    if form == "dropin":
+        graph = ask_builder(effects).compile(checkpointer=guard)
+
+        def invoke(value: Any, thread: str) -> Any:
+            return graph.invoke(value, config(thread), durability="sync")
+    else:
+        graph = guard.compile(ask_builder(effects))
+
+        def invoke(value: Any, thread: str) -> Any:
+            return guard.invoke(graph, value, config(thread))
+
+    def step(thread: str, node: str) -> Any:
+        return next(s for s in guard.status(thread).steps if s.node == node)
+
+    for thread in ("yes", "undo"):
+        invoke({}, thread)
+        assert guard.status(thread).run.status == RunStatus.PAUSED
+        paused = step(thread, "confirm")
+        # waiting, not failed: no error to show, nothing to undo
+        assert (paused.status, paused.error, paused.attempt) == (StepStatus.PAUSED, None, 1)
+        assert step(thread, "charge").status == StepStatus.SUCCEEDED
+
+    # Resumed, the node runs again from its start: the same step, started anew, succeeds.
+    out = invoke(Command(resume="yes"), "yes")
+    assert out["log"] == ["charge", "confirm", "ship"]
+    resumed = step("yes", "confirm")
+    assert (resumed.status, resumed.error, resumed.attempt) == (StepStatus.SUCCEEDED, None, 2)
+    assert guard.status("yes").run.status == RunStatus.SUCCEEDED
+
+    # Unwound while paused: the charge is undone, the paused step is not (it had no effect).
+    planned = plan(guard.core.journal, "undo", guard.core.spec, include_in_doubt=True)
+    assert [p.step.node for p in planned if p.compensation is not None] == ["charge"]
+    if form == "guarded":  # the operator's "compensate" (the drop-in form has none)
+        report = guard.compensate(graph, config("undo"))
+        assert [(o.node, str(o.status)) for o in report.outcomes] == [("charge", "succeeded")]
+        assert guard.status("undo").run.status == RunStatus.COMPENSATED
+        assert step("undo", "confirm").status == StepStatus.PAUSED
+    assert effects == ["charge", "charge", "ship"] + (
+        ["undo:charge"] if form == "guarded" else [])
 
 
 def test_it_undoes_only_the_failing_block_of_a_guarded_state_entered_again(

@@ -7,9 +7,12 @@ InMemorySaver and SqliteSaver, with a scripted chat model."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from langchain_core.tools import BaseTool, tool
 from langgraph.checkpoint.postgres import PostgresSaver
+from langgraph.types import Command, interrupt
 
 from stateguard import (
     ConfigurationError,
@@ -19,8 +22,9 @@ from stateguard import (
     StepStatus,
 )
 from stateguard.tool_calls import TOOL_TAG
+from stateguard.unwind import plan
 from tests.core.agent_support import SHAPES, BookingFailed, Shape, Travel, agent, ask, go, say
-from tests.core.support import config
+from tests.core.support import FAST_RETRY, config
 from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
 from tests.core.tool_forms import FORMS, Form, make_guard, run_agent, saver_for
 
@@ -220,3 +224,84 @@ def test_it_lets_the_model_retry_a_read_only_tool_in_a_later_turn(form: Form) ->
 
     assert world.bookings == ["Lisbon"] and world.refunds == []
     assert guard.status("turns").run.status == RunStatus.SUCCEEDED
+
+
+class Confirming(Travel):
+    """The travel world with a tool that asks the customer itself, by ``interrupt()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[Any] = []
+        self.unconfirmed: list[str] = []
+
+    def tools(self) -> list[BaseTool]:
+        world = self
+
+        @tool
+        def confirm_trip(question: str) -> str:
+            """Ask the customer to confirm the trip."""
+            answer = interrupt({"question": question})
+            world.answers.append(answer)
+            return f"the customer said {answer}"
+
+        return [*super().tools(), confirm_trip]
+
+    def unconfirm(self, state: dict[str, Any], ctx: Any) -> bool:
+        self.unconfirmed.append(ctx.step_id)
+        return True
+
+
+@pytest.mark.parametrize("saver_kind", SAVERS)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_journals_a_tool_that_calls_interrupt_as_paused_then_as_it_ends_on_resume(
+        shape: Shape, form: Form, saver_kind: str, tmp_path: Path) -> None:
+    world = Confirming()
+    with saver_for(saver_kind, tmp_path) as saver:
+        guard = StateGuardCheckpointer(saver, compensations={
+            "charge_card": world.refund, "confirm_trip": world.unconfirm},
+            compensation_retry=FAST_RETRY)
+        graphs: dict[str, Any] = {}
+
+        def invoke(value: Any, thread: str) -> Any:
+            if thread not in graphs:  # a graph per thread: each model follows its own script
+                script = [ask(("charge_card", {"amount": 4200})),
+                          ask(("confirm_trip", {"question": "Lisbon for 42.00?"})), say("booked")]
+                built = agent(shape, world, script,
+                              checkpointer=guard if form == "dropin" else None)
+                graphs[thread] = built if form == "dropin" else guard.compile(built)
+            if form == "dropin":
+                return graphs[thread].invoke(value, config(thread), durability="sync")
+            return guard.invoke(graphs[thread], value, config(thread))
+
+        def steps(thread: str, node: str | None = None) -> list[Any]:
+            return [s for s in guard.status(thread).steps if node in (None, s.node)]
+
+        for thread in ("yes", "undo"):
+            invoke(go(), thread)
+            assert guard.status(thread).run.status == RunStatus.PAUSED
+            [paused] = steps(thread, "confirm_trip")
+            # waiting, not failed: no error to show, nothing to undo (nor its tools node)
+            assert (paused.status, paused.error, paused.attempt) == (StepStatus.PAUSED, None, 1)
+            assert TOOL_TAG in paused.tags
+            assert StepStatus.FAILED not in {s.status for s in steps(thread)}
+
+        # Resumed, the call runs again from its start: the same step, started anew, succeeds.
+        out = invoke(Command(resume="yes"), "yes")
+        assert out["messages"][-1].content == "booked" and world.answers == ["yes"]
+        [resumed] = steps("yes", "confirm_trip")
+        assert (resumed.status, resumed.error, resumed.attempt) == (
+            StepStatus.SUCCEEDED, None, 2)
+        assert {s.status for s in steps("yes")} == {StepStatus.SUCCEEDED}
+        assert guard.status("yes").run.status == RunStatus.SUCCEEDED
+
+        # Unwound while paused: the charge is refunded, the paused call is not undone.
+        planned = plan(guard.core.journal, "undo", guard.core.spec, include_in_doubt=True)
+        assert [p.step.node for p in planned if p.compensation is not None] == ["charge_card"]
+        if form == "guarded":  # the operator's "compensate" (the drop-in form has none)
+            report = guard.compensate(graphs["undo"], config("undo"))
+            assert report.compensated == ["charge_card"]
+            assert "confirm_trip" not in {o.node for o in report.outcomes}
+            assert world.refunded == [world.charges[1][0]] and world.unconfirmed == []
+            assert guard.status("undo").run.status == RunStatus.COMPENSATED
+            assert [s.status for s in steps("undo", "confirm_trip")] == [StepStatus.PAUSED]

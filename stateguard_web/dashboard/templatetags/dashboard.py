@@ -33,6 +33,7 @@ BADGES: dict[str, dict[str, tuple[str, str, str]]] = {
     },
     "step": {
         "started": ("run", "●", "running"),
+        "paused": ("wait", "‖", "paused"),  # interrupt() in its body: it runs again on resume
         "succeeded": ("ok", "✓", "succeeded"),
         "failed": ("bad", "✕", "failed"),
         "violated": ("bad", "⚠", "invariant violated"),

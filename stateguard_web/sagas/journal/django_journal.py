@@ -27,6 +27,7 @@ from stateguard import ErrorInfo, RunLocked, RunNotFound
 from stateguard.effects import Effect as CoreEffect
 from stateguard.effects import EffectRecord, EffectStatus, settled_status
 from stateguard.records import (
+    EFFECT_STATUSES,
     ApprovalRecord,
     ApprovalStatus,
     AttemptRecord,
@@ -365,7 +366,7 @@ class DjangoJournal:
                 field("update").get_db_prep_value(_json(update), connection),
                 field("state_after").get_db_prep_value(_json(state_after), connection),
                 field("error").get_db_prep_value(_error_json(error), connection),
-                status in (StepStatus.SUCCEEDED, StepStatus.VIOLATED), step_id, code, token,
+                status in EFFECT_STATUSES, step_id, code, token,
                 token])
             if cursor.rowcount == 0:
                 self._refused(run_id, token)

@@ -26,7 +26,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from stateguard import ErrorInfo, RunStatus, StepStatus
-from stateguard.records import json_default
+from stateguard.records import EFFECT_STATUSES, json_default
 
 _dumps = partial(json.dumps, default=json_default)
 FENCE_SQLSTATE = "SG001"  # raised by sagas_fence() (migration 0006): the lease was taken over
@@ -57,7 +57,7 @@ class _Row:
                 "update": self.outcome.get("update"),
                 "state_after": self.outcome.get("state_after"),
                 "error": error.to_dict() if error else None,
-                "effect": self.status in (StepStatus.SUCCEEDED, StepStatus.VIOLATED),
+                "effect": self.status in EFFECT_STATUSES,
                 "new": self.new}
 
 

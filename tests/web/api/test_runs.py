@@ -219,6 +219,8 @@ class AgentsAndSchemaTests(World):
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]
+        assert schema["components"]["schemas"]["StepStatus"]["enum"] == [
+            "started", "paused", "succeeded", "failed", "violated"]
         for path, operations in schema["paths"].items():
             for method, operation in operations.items():
                 with self.subTest(path=path, method=method):
