@@ -35,6 +35,19 @@ M = TypeVar("M", bound=Model)
 
 
 
+def server_side_cursor(connection: Any) -> Any:
+    """A Django cursor (its errors Django's, its queries logged where Django logs them) over a
+    psycopg cursor that binds server-side, so that psycopg may prepare what it runs (see the
+    module). For statements made once per process: a prepared statement per call would fill
+    psycopg's cache of them."""
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    cursor = psycopg.Cursor(connection.connection)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(cursor)
+    return connection.make_cursor(cursor)
+
+
 @dataclass(frozen=True)
 class _Plan(Generic[M]):
     model: type[M]
@@ -82,11 +95,7 @@ class CompiledGet(Generic[M]):
         params = list(plan.params)
         params[plan.slot] = value
         connection = connections[plan.db]
-        connection.ensure_connection()
-        connection.validate_thread_sharing()
-        server_side = psycopg.Cursor(connection.connection)  # may be prepared (see above)
-        wrap = connection.make_debug_cursor if connection.queries_logged else connection.make_cursor
-        with wrap(server_side) as cursor:
+        with server_side_cursor(connection) as cursor:
             cursor.execute(plan.sql, params)
             rows = cursor.fetchmany(2)
         if len(rows) != 1:

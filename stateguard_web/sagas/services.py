@@ -13,13 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
-from stateguard_web.sagas import events, runtime, tasks
+from stateguard_web.sagas import events, runtime, submission, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 
@@ -74,9 +74,13 @@ def _text(value: str, what: str, limit: int = 2000) -> str:
 
 
 def _audit(run: Run | None, by: By, action: str, **data: Any) -> None:
+    _audit_event(run, by, action, **data).save()
+
+
+def _audit_event(run: Run | None, by: By, action: str, **data: Any) -> AuditEvent:
     if isinstance(by, Actor) and by.via:
         data["via"] = by.via
-    AuditEvent.objects.create(run=run, actor=_actor(by), action=action, data=data)
+    return AuditEvent(run=run, actor=_actor(by), action=action, data=data)
 
 
 def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
@@ -107,13 +111,17 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
     user = _user(by)
     key = _idempotency_key(idempotency_key, user)
     fingerprint = _fingerprint(agent, data) if key else ""
+    run = Run(agent=agent, input=data, submitted_by=user, idempotency_key=key,
+              submission_hash=fingerprint)
+    event = _audit_event(None, by, "run.submitted", agent=agent)
     try:
-        with transaction.atomic():
-            run = Run.objects.create(agent=agent, input=data, submitted_by=user,
-                                     idempotency_key=key, submission_hash=fingerprint)
-            _audit(run, by, "run.submitted", agent=agent)
-            tasks.run_execute.delay_on_commit(run.pk)
-            events.publish_change(run.code, "run.submitted", agent=agent, status=run.status)
+        if connection.vendor == "postgresql":  # both rows in one statement (submission.py)
+            submission.insert_submitted(run, event)
+        else:
+            with transaction.atomic():
+                run.save()
+                event.run = run
+                event.save()
     except IntegrityError:
         first = Run.objects.filter(submitted_by=user, idempotency_key=key).first() if key else None
         if first is None:
@@ -125,6 +133,9 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
             ) from None
         run.replayed = True
         return run
+    # Once the rows are committed: at once, or when the caller's transaction commits.
+    tasks.run_execute.delay_on_commit(run.pk)
+    events.publish_change(run.code, "run.submitted", agent=agent, status=run.status)
     return run
 
 

@@ -266,11 +266,19 @@ class QueryTests(World):
         with self.assertNumQueries(2):  # someone else's: found, then refused as not there
             assert self.call("bob", "GET", path).status_code == 404
 
-    def test_a_submission_is_the_key_and_two_inserts(self) -> None:
+    def test_a_submission_is_the_key_and_one_statement_for_the_run_and_its_audit(
+            self) -> None:
         self.call("alice", "GET", "/api/agents")
-        with self.assertNumQueries(5):  # the key; SAVEPOINT, the run, its audit, RELEASE
+        with self.assertNumQueries(4) as queries:  # the key; SAVEPOINT, one INSERT, RELEASE
             response = self.call("alice", "POST", "/api/runs", PROVISION)
         assert response.status_code == 201
+        assert queries.captured_queries[2]["sql"].startswith("WITH new_run AS (INSERT")
+        run = Run.objects.get(code=response.json()["code"])
+        event = AuditEvent.objects.get(run=run)
+        assert (event.run_code, event.action, event.actor, event.data) == (
+            run.code, "run.submitted", "alice", {"agent": "provision", "via": event.data["via"]})
+        assert event.data["via"].startswith("key sg_")
+        assert run.created_at is not None and run.status == Run.Status.PENDING
 
     def test_the_detail_read_in_one_query_is_the_detail_read_relation_by_relation(
             self) -> None:
