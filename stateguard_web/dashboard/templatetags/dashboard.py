@@ -145,10 +145,23 @@ def short(code: Any) -> str:
 
 @register.filter
 def gate_state(payload: Any) -> dict[str, Any]:
-    """The state an approval gate saw (the core puts it under ``state``)."""
-    if isinstance(payload, dict) and isinstance(payload.get("state"), dict):
-        return payload["state"]
-    return payload if isinstance(payload, dict) else {}
+    """What an approval decides on: the state a node's gate saw (the core puts it under
+    ``state``), or the arguments of a tool call waiting for its approval (``args``, beside
+    ``tool``: stateguard.tools), so that an amount and an e-mail in either are shown alike."""
+    if isinstance(payload, dict):
+        for key in ("state", "args"):
+            if isinstance(payload.get(key), dict):
+                return payload[key]  # type: ignore[no-any-return]
+        return payload
+    return {}
+
+
+@register.filter
+def gate_tool(payload: Any) -> str:
+    """The tool an approval is for, if it gates a tool call (else "")."""
+    if isinstance(payload, dict) and isinstance(payload.get("args"), dict):
+        return str(payload.get("tool") or "")
+    return ""
 
 
 @register.filter

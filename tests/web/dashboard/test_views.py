@@ -264,6 +264,25 @@ class ButtonTests(DashboardWorld):
         resolve = stuck[stuck.index('id="confirm-resolve"'):]
         assert "not the ones left failed: <strong>allocate_port</strong>" in resolve
 
+    def test_a_tool_calls_approval_shows_the_tool_and_what_its_arguments_charge(self) -> None:
+        """An AI agent's tool call waits with the model's arguments (stateguard.tools), not a
+        node's state: the operator sees which tool, the amount and the customer."""
+        self.approval.node = "charge_card"
+        self.approval.payload = {"tool": "charge_card", "tool_call_id": "call_1",
+                                 "args": {"amount": 4200, "currency": "eur", "email": "x@y.z"}}
+        self.approval.save()
+        html = self.client_for("charlie").get(self.url(self.paused)).content.decode()
+        assert "The agent's call of <code>charge_card</code> waits for an approval" in html
+        assert ("The call charges <strong class=\"amount\">42.00 EUR</strong> to "
+                "<strong>x@y.z</strong>") in html
+        assert "The arguments the model gave it" in html
+        approve = html[html.index('id="confirm-approve-'):]
+        approve = approve[:approve.index("</dialog>")]
+        assert "calls the tool <strong>charge_card</strong> for this" in approve
+        assert "it charges <strong class=\"amount\">42.00 EUR</strong>" in approve
+        inbox = self.client_for("charlie").get("/inbox/approvals/").content.decode()
+        assert "42.00 EUR</strong> to x@y.z" in inbox
+
     def test_it_opens_a_confirmation_without_script_from_the_buttons_get(self) -> None:
         html = self.client_for("charlie").get(self.url(self.failed),
                                               {"confirm": "retry"}).content.decode()
