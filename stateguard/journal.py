@@ -18,6 +18,7 @@ import copy
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from stateguard.effects import EffectRecord, settled_status
@@ -108,6 +109,30 @@ class PurgingJournal(Protocol):
 
     def run_purge(self, run_id: str) -> None:
         """Forget the run: its steps, compensations, approvals and effects."""
+
+
+@runtime_checkable
+class StepLookupJournal(Protocol):
+    """A journal that reads one step by its id (optional: ``InMemoryJournal``,
+    ``SqliteJournal`` and the web app's do). ``find_step`` uses it; a journal without it
+    still works, by a scan of ``steps()``.
+
+    Before each tool call a guarded ``ToolNode`` looks up the call's own step, to answer a
+    call LangGraph runs again from the journal: ``steps()`` there read every step of the run
+    with the state after it (an agent's whole conversation), O(n^2) over a run of n calls."""
+
+    def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
+        """The step as ``steps()`` would give it; ``None`` if the run has no such step."""
+
+
+def find_step(journal: Journal, run_id: str, step_id: str) -> StepRecord | None:
+    """One step of the run, read on its own when the journal can (``StepLookupJournal``)."""
+    # getattr, not isinstance: a runtime protocol check costs ~5 us, and this runs before
+    # every tool call.
+    step_get: Callable[[str, str], StepRecord | None] | None = getattr(journal, "step_get", None)
+    if step_get is not None:
+        return step_get(run_id, step_id)
+    return next((s for s in journal.steps(run_id) if s.step_id == step_id), None)
 
 
 def turn_steps(journal: Journal, run_id: str, run: RunRecord | None = None) -> list[StepRecord]:
@@ -252,6 +277,11 @@ class InMemoryJournal:
     def steps(self, run_id: str) -> list[StepRecord]:
         with self._lock:
             return [copy.copy(s) for s in self._steps.get(run_id, {}).values()]
+
+    def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
+        with self._lock:
+            step = self._steps.get(run_id, {}).get(step_id)
+            return copy.copy(step) if step is not None else None
 
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
         with self._lock:

@@ -90,6 +90,16 @@ def _error(text: str | None) -> ErrorInfo | None:
     return ErrorInfo.from_dict(_loads(text))
 
 
+_STEP_COLUMNS = ("step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
+                 " update_json, state_after, error, turn")
+
+
+def _step(run_id: str, r: tuple[Any, ...]) -> StepRecord:
+    """A step from the columns of ``_STEP_COLUMNS``."""
+    return StepRecord(run_id, r[0], r[1], tuple(json.loads(r[2])), StepStatus(r[3]), r[4], r[5],
+                      r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]), r[11])
+
+
 class SqliteJournal:
     """A ``Journal`` in a SQLite file, so a second process can see and act on what the first did.
 
@@ -228,12 +238,16 @@ class SqliteJournal:
 
     def steps(self, run_id: str) -> list[StepRecord]:
         rows = self._db().execute(
-            "SELECT step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
-            " update_json, state_after, error, turn FROM sg_steps WHERE run_id = ?"
-            " ORDER BY started_at", (run_id,)).fetchall()
-        return [StepRecord(run_id, r[0], r[1], tuple(json.loads(r[2])), StepStatus(r[3]), r[4],
-                           r[5], r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]), r[11])
-                for r in rows]
+            f"SELECT {_STEP_COLUMNS} FROM sg_steps WHERE run_id = ? ORDER BY started_at",
+            (run_id,)).fetchall()
+        return [_step(run_id, r) for r in rows]
+
+    def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
+        # The primary key (run_id, step_id): one row, whatever the run's length.
+        row = self._db().execute(
+            f"SELECT {_STEP_COLUMNS} FROM sg_steps WHERE run_id = ? AND step_id = ?",
+            (run_id, step_id)).fetchone()
+        return _step(run_id, row) if row is not None else None
 
     # -- compensations ----------------------------------------------------------------------
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:

@@ -52,7 +52,7 @@ from stateguard.effects import EffectLedger, recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
 from stateguard.instrument import NODE_ATTR, approval_gate, bubbled_up
-from stateguard.journal import turn_steps
+from stateguard.journal import find_step, turn_steps
 from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
 from stateguard.tool_calls import TOOL_TAG, ToolCall
@@ -224,9 +224,9 @@ class _ToolCallGuard:
 
     def _replay(self, call: _Call) -> ToolMessage | None:
         """The answer of a call this task already made, when LangGraph runs the task again."""
-        done = next((s for s in call.core.journal.steps(call.run_id)
-                     if s.step_id == call.step_id and s.status == StepStatus.SUCCEEDED), None)
-        journaled = ToolCall.from_update(done.update) if done is not None else None
+        done = find_step(call.core.journal, call.run_id, call.step_id)
+        journaled = (ToolCall.from_update(done.update)
+                     if done is not None and done.status == StepStatus.SUCCEEDED else None)
         if journaled is None:
             return None
         return ToolMessage(content=journaled.content, artifact=journaled.artifact,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stateguard import InMemoryJournal, Journal, SqliteJournal
+from stateguard.journal import StepLookupJournal, find_step
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
@@ -88,3 +89,57 @@ def test_it_decides_an_approval_once(journal: Journal) -> None:
     (approval,) = journal.approvals("r")
     assert (approval.status, approval.decided_by, approval.payload) == (
         ApprovalStatus.APPROVED, "alice", {"amount": 5})
+
+
+def test_it_finds_one_step_by_its_id(journal: Journal) -> None:
+    journal.run_begin("r")
+    journal.step_start("r", "t1", "charge", ("payment",))
+    journal.step_finish("r", "t1", StepStatus.SUCCEEDED, update={"id": "ch_1"},
+                        state_after={"id": "ch_1"})
+    journal.step_start("r", "t2", "ship")
+
+    step = find_step(journal, "r", "t1")
+    assert step is not None
+    assert (step.node, step.tags, step.status, step.update, step.state_after, step.done_seq) == (
+        "charge", ("payment",), StepStatus.SUCCEEDED, {"id": "ch_1"}, {"id": "ch_1"}, 1)
+    assert step == next(s for s in journal.steps("r") if s.step_id == "t1")
+    running = find_step(journal, "r", "t2")
+    assert running is not None and running.status == StepStatus.STARTED
+    assert find_step(journal, "r", "t3") is None
+    assert find_step(journal, "other", "t1") is None
+
+
+def test_each_shipped_journal_reads_one_step_without_reading_the_run(journal: Journal) -> None:
+    # A guarded tool call asks for its own step before it runs: reading every step of the run
+    # (each with the whole state after it) made a run of n calls read O(n^2) of it.
+    assert isinstance(journal, StepLookupJournal)
+    journal.run_begin("r")
+    journal.step_start("r", "t1", "charge")
+    read: list[str] = []
+    steps = journal.steps
+    journal.steps = lambda run_id: read.append(run_id) or steps(run_id)  # type: ignore[method-assign]
+    step = find_step(journal, "r", "t1")
+    assert step is not None and step.step_id == "t1" and read == []
+
+
+class _ThirdParty:
+    """A journal written before ``step_get`` existed: it delegates to a shipped one, and
+    only the methods of the ``Journal`` protocol."""
+
+    def __init__(self, inner: Journal) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        if name == "step_get":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_it_finds_a_step_in_a_journal_without_step_get_by_reading_its_steps() -> None:
+    journal = _ThirdParty(InMemoryJournal())
+    journal.run_begin("r")  # type: ignore[attr-defined]
+    journal.step_start("r", "t1", "charge")  # type: ignore[attr-defined]
+    assert not isinstance(journal, StepLookupJournal)
+    step = find_step(journal, "r", "t1")  # type: ignore[arg-type]
+    assert step is not None and step.node == "charge"
+    assert find_step(journal, "r", "t2") is None  # type: ignore[arg-type]

@@ -16,11 +16,13 @@ from langgraph.types import Command, interrupt
 
 from stateguard import (
     ConfigurationError,
+    InMemoryJournal,
     RunStatus,
     SagaAborted,
     StateGuardCheckpointer,
     StepStatus,
 )
+from stateguard.records import StepRecord
 from stateguard.tool_calls import TOOL_TAG
 from stateguard.unwind import plan
 from tests.core.agent_support import SHAPES, BookingFailed, Shape, Travel, agent, ask, go, say
@@ -305,3 +307,34 @@ def test_it_journals_a_tool_that_calls_interrupt_as_paused_then_as_it_ends_on_re
             assert world.refunded == [world.charges[1][0]] and world.unconfirmed == []
             assert guard.status("undo").run.status == RunStatus.COMPENSATED
             assert [s.status for s in steps("undo", "confirm_trip")] == [StepStatus.PAUSED]
+
+
+class ReadCounting(InMemoryJournal):
+    """Counts the reads of a whole run's steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def steps(self, run_id: str) -> list[StepRecord]:
+        self.reads += 1
+        return super().steps(run_id)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_looks_up_a_tool_calls_own_step_without_reading_the_runs_steps(
+        shape: Shape, form: Form) -> None:
+    # Before each call the wrapper asks whether LangGraph is running it again after it
+    # succeeded. Reading every step of the run for that (each with the state after it, the
+    # whole conversation) made a run of n calls read O(n^2): the reads must not grow with n.
+    reads = {}
+    for calls in (1, 6):
+        world, journal = Travel(), ReadCounting()
+        script = [*(ask(("reserve_seat", {"seat": f"{n}A"})) for n in range(calls)),
+                  say("held")]
+        _, error = run_agent(form, shape, world, script, make_guard(world, journal=journal),
+                             f"seats-{calls}")
+        assert error is None and len(world.seats) == calls
+        reads[calls] = journal.reads
+    assert reads[6] == reads[1]

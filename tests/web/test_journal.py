@@ -6,8 +6,9 @@ import time
 import uuid
 
 import pytest
-from django.db import IntegrityError
+from django.db import IntegrityError, connection
 from django.db.models import ProtectedError
+from django.test.utils import CaptureQueriesContext
 
 from stateguard import (
     ApprovalStatus,
@@ -181,3 +182,25 @@ def test_it_keeps_the_effect_ledger_once_per_external_id_and_settles_charges() -
         "pi_1": "compensated", "re_1": "compensated", "re_2": "compensated"}
     with pytest.raises(ProtectedError):  # money records outlive the journal's pruning
         Run.objects.filter(code=code).delete()
+
+
+def test_it_reads_one_step_in_one_query_by_its_run_and_id() -> None:
+    # A guarded tool call looks up its own step before it runs: one row, not every step of the
+    # run with the state after each (an agent's state holds the whole conversation).
+    code = new_run()
+    journal = DjangoJournal()
+    history = [{"role": "user", "content": "x" * 200}]
+    for n in range(10):
+        journal.step_start(code, f"t{n}", "reserve_seat", ("inventory",))
+        history = [*history, {"role": "tool", "content": f"{n}A"}]
+        journal.step_finish(code, f"t{n}", StepStatus.SUCCEEDED, update={"seat": f"{n}A"},
+                            state_after={"messages": history})
+
+    with CaptureQueriesContext(connection) as queries:
+        step = journal.step_get(code, "t4")
+    assert len(queries) == 1 and "step_id" in queries[0]["sql"]
+    assert step == next(s for s in journal.steps(code) if s.step_id == "t4")
+    assert step is not None and step.update == {"seat": "4A"} and step.done_seq == 5
+    assert step.tags == ("inventory",) and step.status == StepStatus.SUCCEEDED
+    assert journal.step_get(code, "t10") is None
+    assert journal.step_get(str(uuid.uuid4()), "t4") is None  # no such run

@@ -338,3 +338,26 @@ def test_it_records_a_first_runs_effects_beside_its_deferred_step_rows() -> None
     row = EffectRow.objects.get(external_id="pi_first")
     step = Step.objects.get(run__code=code, node="charge")
     assert (str(row.run.code), row.step_id, row.node) == (code, step.step_id, "charge")
+
+
+def test_it_finds_a_step_whose_row_waits_for_the_next_checkpoint_write() -> None:
+    # A first run's rows wait in the journal for LangGraph's next write: a guarded tool call
+    # LangGraph runs again must still find that it succeeded, as steps() would.
+    journal, _ = deferring()
+    code = new_run()
+    assert journal.lock_acquire(code, "w1", 10)
+    journal.step_start(code, "t1", "charge_card", ("payment",))
+    journal.step_finish(code, "t1", StepStatus.SUCCEEDED, update={"charge_id": "ch_1"},
+                        state_after={"messages": ["paid"]})
+    journal.step_start(code, "t2", "book_flight")
+    assert not Step.objects.filter(run__code=code).exists()  # pending, not written
+
+    step = journal.step_get(code, "t1")
+    assert step is not None
+    assert (step.node, step.tags, step.status, step.update, step.state_after) == (
+        "charge_card", ("payment",), StepStatus.SUCCEEDED, {"charge_id": "ch_1"},
+        {"messages": ["paid"]})
+    running = journal.step_get(code, "t2")
+    assert running is not None and running.status == StepStatus.STARTED
+    assert journal.step_get(code, "t3") is None
+    assert {s.step_id: s for s in journal.steps(code)} == {"t1": step, "t2": running}

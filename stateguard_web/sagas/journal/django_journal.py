@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from stateguard import ErrorInfo, RunLocked, RunNotFound
@@ -373,10 +374,19 @@ class DjangoJournal:
 
     def steps(self, run_id: str) -> list[StepRecord]:
         self._flush(run_id)
-        return [StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status),
-                           s.attempt, s.started_at.timestamp(), _ts(s.finished_at), s.done_seq,
-                           s.update, s.state_after, ErrorInfo.from_dict(s.error))
+        return [_step_record(run_id, s)
                 for s in Step.objects.filter(run__code=run_id).order_by("started_at")]
+
+    def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
+        # Pending rows are written first, as steps() does; then one row by the (run, step_id)
+        # unique constraint's index, both columns known before the scan (the run's id by its
+        # code, in a subquery: a join let the planner scan that index for the step id alone).
+        self._flush(run_id)
+        run = Subquery(Run.objects.filter(code=run_id).order_by().values("pk"))
+        try:
+            return _step_record(run_id, Step.objects.get(run=run, step_id=step_id))
+        except Step.DoesNotExist:
+            return None
 
     # -- compensations ----------------------------------------------------------------------
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
@@ -458,6 +468,12 @@ class DjangoJournal:
     def effects(self, run_id: str) -> list[EffectRecord]:
         return [_effect_record(e) for e in Effect.objects.filter(run__code=run_id)
                 .select_related("run").order_by("recorded_at", "pk")]
+
+
+def _step_record(run_id: str, s: Step) -> StepRecord:
+    return StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status), s.attempt,
+                      s.started_at.timestamp(), _ts(s.finished_at), s.done_seq, s.update,
+                      s.state_after, ErrorInfo.from_dict(s.error))
 
 
 def _settle(provider: str, external_id: str) -> None:
