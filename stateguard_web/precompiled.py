@@ -16,7 +16,10 @@ on the web processes' pooled connections PostgreSQL then skips planning it, whic
 its cost (measured: 1.0-1.3 ms of PostgreSQL CPU for the key and a run's detail, 0.14-0.30 ms
 prepared), and psycopg no longer parses its ``%s`` placeholders, which for the run's history
 (~6 kB, ~90 parameters, past psycopg's parse cache) was a tenth of a detail request. The SQL
-names its columns, so a migration that adds one does not invalidate a prepared statement.
+names its columns, so a migration that adds one leaves a prepared statement valid; one that
+changes the type of a column it reads makes PostgreSQL refuse it ("cached plan must not change
+result type"), and psycopg would keep it: ``run_prepared`` then drops the connection's prepared
+statements and runs it once more.
 """
 
 from __future__ import annotations
@@ -35,17 +38,48 @@ M = TypeVar("M", bound=Model)
 
 
 
-def server_side_cursor(connection: Any) -> Any:
-    """A Django cursor (its errors Django's, its queries logged where Django logs them) over a
-    psycopg cursor that binds server-side, so that psycopg may prepare what it runs (see the
-    module). For statements made once per process: a prepared statement per call would fill
-    psycopg's cache of them."""
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    cursor = psycopg.Cursor(connection.connection)
-    if connection.queries_logged:
-        return connection.make_debug_cursor(cursor)
-    return connection.make_cursor(cursor)
+class _PreparingCursor(psycopg.Cursor[Any]):
+    """Binds server-side and prepares what it runs on its first use on a connection, not after
+    ``prepare_threshold`` uses: psycopg counts those uses in a cache of 100 statements that
+    Django's queries (each with its values written in) fill too, so a lookup seldom reached
+    the threshold on a busy connection."""
+
+    def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
+                binary: bool | None = None) -> Any:
+        return super().execute(query, params, prepare=True, binary=binary)
+
+
+_PLAN_CHANGED = "0A000"  # PostgreSQL: "cached plan must not change result type"
+
+
+def run_prepared(connection: Any, sql: str, params: list[Any],
+                 fetch: Callable[[Any], Any]) -> Any:
+    """``fetch(cursor)`` after running ``sql``, prepared (see the module), through a Django
+    cursor (its errors Django's, its queries logged where Django logs them). For statements
+    made once per process: one prepared per call would fill psycopg's cache of them. After a
+    migration changed a column it reads, the connection's prepared statements are dropped and
+    it runs once more (outside a transaction; inside one, the rollback drops them)."""
+    from django.db import NotSupportedError
+
+    for last in (False, True):
+        connection.ensure_connection()
+        connection.validate_thread_sharing()
+        cursor = _PreparingCursor(connection.connection)
+        wrapped = (connection.make_debug_cursor(cursor) if connection.queries_logged
+                   else connection.make_cursor(cursor))
+        try:
+            with wrapped:
+                wrapped.execute(sql, params)
+                log = connection.queries_log
+                if connection.queries_logged and log and log[-1]["sql"] is None:
+                    log[-1]["sql"] = sql  # run by name once prepared: psycopg keeps no text
+                return fetch(wrapped)
+        except NotSupportedError as exc:
+            if (last or connection.in_atomic_block
+                    or getattr(exc.__cause__, "sqlstate", None) != _PLAN_CHANGED):
+                raise
+            connection.connection.execute("DEALLOCATE ALL")  # psycopg forgets them too
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)
@@ -95,9 +129,7 @@ class CompiledGet(Generic[M]):
         params = list(plan.params)
         params[plan.slot] = value
         connection = connections[plan.db]
-        with server_side_cursor(connection) as cursor:
-            cursor.execute(plan.sql, params)
-            rows = cursor.fetchmany(2)
+        rows = run_prepared(connection, plan.sql, params, lambda cursor: cursor.fetchmany(2))
         if len(rows) != 1:
             model = plan.model
             if not rows:

@@ -159,10 +159,10 @@ if DATABASE_POOL and DATABASES["default"]["ENGINE"] == "django.db.backends.postg
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": DATABASE_POOL, "max_size": DATABASE_POOL}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # psycopg prepares a statement once it has run this often on one connection (Django turns
-    # that off unless asked). Django's own cursors bind client-side and are never prepared; the
-    # API's hottest lookups (stateguard_web/precompiled.py) bind server-side, and prepared on
-    # a pooled connection they skip PostgreSQL's planning, most of their cost (P6).
+    # Lets psycopg prepare statements (Django turns that off unless asked). Django's own
+    # cursors bind client-side and are never prepared; the API's hottest lookups and the
+    # submission's INSERT (stateguard_web/precompiled.py) are, at their first use on a
+    # connection: on a pooled one they then skip PostgreSQL's planning, most of their cost (P6).
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)
 # Seconds a worker process keeps its database connection between tasks; 0 opens one per task.
 WORKER_CONN_MAX_AGE = env.int("WORKER_CONN_MAX_AGE", default=300)

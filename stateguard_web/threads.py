@@ -22,6 +22,7 @@ from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext
 from django.core.handlers.asgi import ASGIHandler
+from django.db import connections
 
 KEPT = 64  # idle threads kept per process; more requests at once get new ones, not kept
 
@@ -41,8 +42,15 @@ class ReusedThreadsHandler(ASGIHandler):
         try:
             async with ThreadSensitiveContext(executor=executor):
                 await self.handle(scope, receive, send)
-        finally:
-            if len(idle) < KEPT:
-                idle.append(executor)
-            else:
-                executor.shutdown(wait=False)
+        except BaseException:
+            # Cancelled (Daphne gives up on a request some seconds after its client left) or
+            # failed: its view may still be running on that thread, and the next request would
+            # wait behind it. That thread is not kept; once the view is done, it gives its
+            # database connection back (Django's request_finished will not run for it).
+            executor.submit(connections.close_all)
+            executor.shutdown(wait=False)
+            raise
+        if len(idle) < KEPT:
+            idle.append(executor)
+        else:
+            executor.shutdown(wait=False)

@@ -7,9 +7,9 @@ docs/benchmarks.md). Here a data-modifying CTE inserts both at once (one stateme
 its own), its SQL made once per process from the models, on a server-side binding cursor that
 psycopg prepares on pooled connections (``precompiled``). The values are what Django's
 ``Model.save()`` would write: each field's ``pre_save`` (defaults, ``auto_now_add``) and
-``get_db_prep_save``. Inside a transaction (a caller's ``atomic``), the statement runs under a
-savepoint, as ``atomic()`` would, so that a refused row (the idempotency key's unique
-constraint) leaves the caller's transaction usable.
+``get_db_prep_save``. Inside a transaction (a caller's ``atomic``, or autocommit off), the
+statement runs under a savepoint, as ``atomic()`` would, so that a refused row (the
+idempotency key's unique constraint) leaves the caller's transaction usable.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.db.models import Field
 
-from stateguard_web.precompiled import server_side_cursor
+from stateguard_web.precompiled import run_prepared
 from stateguard_web.sagas.models import AuditEvent, Run
 
 
@@ -58,9 +58,8 @@ def insert_submitted(run: Run, event: AuditEvent) -> None:
     params = [f.get_db_prep_save(f.pre_save(run, True), connection) for f in _fields(Run)]
     params += [f.get_db_prep_save(f.pre_save(event, True), connection)
                for f in _fields(AuditEvent, "run", "run_code")]
-    savepoint = transaction.atomic(using=db) if connection.in_atomic_block else nullcontext()
-    with savepoint, server_side_cursor(connection) as cursor:
-        cursor.execute(_sql(), params)
-        (run.pk,) = cursor.fetchone()
+    in_transaction = connection.in_atomic_block or not connection.get_autocommit()
+    with transaction.atomic(using=db) if in_transaction else nullcontext():
+        (run.pk,) = run_prepared(connection, _sql(), params, lambda cursor: cursor.fetchone())
     run._state.adding, run._state.db = False, db
     event.run, event.run_code = run, run.code

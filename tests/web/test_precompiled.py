@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
+import psycopg
 import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
@@ -59,18 +60,45 @@ def test_it_refuses_a_marker_that_is_not_one_parameter() -> None:
         compiled.get("checkout")
 
 
-@pytest.mark.django_db(transaction=True)
-def test_it_is_prepared_on_a_connection_that_runs_it_often() -> None:
-    """PostgreSQL then skips planning it (Django's own queries never are prepared)."""
-    run = Run.objects.create(agent="checkout", input={})
-    threshold = connection.settings_dict["OPTIONS"]["prepare_threshold"]
-    for _ in range(threshold + 1):
-        assert selectors.run_get(code=run.code, detail=True).pk == run.pk
-        assert Run.objects.filter(code=run.code).count() == 1
+def _prepared() -> list[str]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements")
-        prepared = [row[0] for row in cursor.fetchall()]
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_is_prepared_at_its_first_use_however_many_queries_the_connection_makes() -> None:
+    """PostgreSQL then skips planning it. Django's own queries are never prepared, and
+    hundreds of them between two lookups do not keep it from being prepared."""
+    run = Run.objects.create(agent="checkout", input={})
+    assert selectors.run_get(code=run.code, detail=True).pk == run.pk
+    for _ in range(120):
+        Run.objects.filter(code=uuid.uuid4()).exists()  # a new statement text each
+    assert selectors.run_get(code=run.code, detail=True).pk == run.pk
+    prepared = _prepared()
     assert len(prepared) == 1 and '"detail_history"' in prepared[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_migration_that_changes_a_column_it_reads_does_not_break_it() -> None:
+    """PostgreSQL refuses a prepared statement whose result type changed ("cached plan must
+    not change result type"); psycopg would keep it, and every later lookup on this pooled
+    connection would fail. The lookup drops the prepared statements and runs again."""
+    run = Run.objects.create(agent="checkout", input={})
+    assert selectors.run_get(code=run.code, detail=True).agent == "checkout"
+    assert _prepared()
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("prepare_threshold", None)
+    other = psycopg.connect(**params, autocommit=True)  # as a migration from elsewhere would
+    try:
+        other.execute("ALTER TABLE sagas_run ALTER COLUMN agent TYPE varchar(150)")
+        for _ in range(3):
+            assert selectors.run_get(code=run.code, detail=True).agent == "checkout"
+    finally:
+        other.execute("ALTER TABLE sagas_run ALTER COLUMN agent TYPE varchar(100)")
+        other.close()
+    assert selectors.run_get(code=run.code, detail=True).agent == "checkout"
 
 
 def test_a_run_detail_reads_its_history_with_the_run() -> None:

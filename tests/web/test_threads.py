@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import HttpCommunicator
 from django.core.signals import request_finished, request_started
 from django.db import connection
@@ -80,3 +80,28 @@ def test_requests_at_once_each_get_a_thread_of_their_own(seen: list[dict[str, An
         request_started.disconnect(wait_for_the_other)
     assert [r["status"] for r in responses] == [200, 200]
     assert len({e["thread"] for e in seen if e["at"] == "started"}) == 2
+
+
+def test_a_request_that_did_not_end_normally_leaves_its_thread_to_no_one() -> None:
+    """Cancelled (Daphne gives up on a request after its client left) or failed, its view may
+    still run on that thread: the next request must not wait behind it."""
+    handler = ReusedThreadsHandler()
+    used: list[int] = []
+
+    async def ends(scope: Any, receive: Any, send: Any) -> None:
+        used.append(await sync_to_async(threading.get_ident)())
+
+    async def fails(scope: Any, receive: Any, send: Any) -> None:
+        await ends(scope, receive, send)
+        raise RuntimeError("the client left")
+
+    handler.handle = ends  # type: ignore[method-assign]
+    async_to_sync(handler)({"type": "http"}, None, None)
+    assert len(handler._idle) == 1
+    handler.handle = fails  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        async_to_sync(handler)({"type": "http"}, None, None)
+    assert handler._idle == []  # the kept thread served it, and was not kept again
+    handler.handle = ends  # type: ignore[method-assign]
+    async_to_sync(handler)({"type": "http"}, None, None)
+    assert used[0] == used[1] != used[2]
