@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,6 +22,17 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 ManagePy = Callable[..., subprocess.CompletedProcess[str]]
 
 
+def _manage_py(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env={**os.environ, "STATEGUARD_ENV_FILE": "", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.fixture
 def manage_py() -> ManagePy:
     """Run ``manage.py`` in a fresh interpreter: ``manage_py("check", env={"DEBUG": "false"})``.
@@ -29,18 +41,29 @@ def manage_py() -> ManagePy:
     ``STATEGUARD_ENV_FILE``), even by a test that cleared the app's variables, unless ``env``
     names one. Output is captured as text.
     """
+    return _manage_py
 
-    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT,
-            env={**os.environ, "STATEGUARD_ENV_FILE": "", **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
 
-    return run
+@pytest.fixture(scope="session")
+def _sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite database that ``manage.py migrate`` made, once a session: each migrate is a
+    Django start-up of its own (4-6 s here), and the tests that want a migrated file only read
+    and write rows in it."""
+    path = tmp_path_factory.mktemp("sqlite") / "migrated.sqlite3"
+    result = _manage_py("migrate", "--noinput", "-v0", env={"DATABASE_URL": f"sqlite:///{path}"})
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+@pytest.fixture
+def sqlite_url(_sqlite_migrated: Path, tmp_path: Path) -> str:
+    """The ``DATABASE_URL`` of this test's own copy of a migrated SQLite database."""
+    path = tmp_path / "migrated.sqlite3"
+    # The backup API, not a file copy: it takes what a WAL file may still hold too.
+    with contextlib.closing(sqlite3.connect(_sqlite_migrated)) as src, \
+            contextlib.closing(sqlite3.connect(path)) as dst:
+        src.backup(dst)
+    return f"sqlite:///{path}"
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -262,9 +262,8 @@ def test_it_leaves_finished_at_empty_until_a_run_has_an_outcome() -> None:
         assert (r.finished_at, r.finished_status) == (None, ""), status
 
 
-def test_it_keeps_a_runs_first_outcome_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> None:
-    env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'metrics.sqlite3'}"}
-    assert manage_py("migrate", "-v0", env=env).returncode == 0
+def test_it_keeps_a_runs_first_outcome_on_sqlite(manage_py: ManagePy, sqlite_url: str) -> None:
+    env = {"DATABASE_URL": sqlite_url}  # migrated (tests/web/conftest.py)
     script = (
         "from stateguard_web.sagas.models import Run as R\n"
         "r = R.objects.create(agent='a'); f = R.objects.filter(pk=r.pk)\n"
@@ -338,12 +337,10 @@ def test_it_counts_api_responses_by_method_and_status(staff: Client) -> None:
 
 
 def test_it_adds_up_the_api_counts_of_a_hosts_processes_in_multiprocess_mode(
-        manage_py: ManagePy, tmp_path: Path) -> None:
+        manage_py: ManagePy, sqlite_url: str, tmp_path: Path) -> None:
     shared = tmp_path / "prometheus"
     shared.mkdir()
-    env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'metrics.sqlite3'}",
-           "PROMETHEUS_MULTIPROC_DIR": str(shared)}
-    assert manage_py("migrate", "-v0", env=env).returncode == 0
+    env = {"DATABASE_URL": sqlite_url, "PROMETHEUS_MULTIPROC_DIR": str(shared)}  # migrated
     answer = ("from django.test import Client\n"
               "for _ in range({n}): Client().get('/api/no-such-thing', HTTP_HOST='localhost')\n")
     for n in (2, 3):  # two web processes, one after the other (the first has exited)

@@ -32,11 +32,10 @@ print(json.dumps([access.may(key.user, access.Ability.OPERATE), len(detail["step
 """
 
 
-def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> None:
-    env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'smoke.sqlite3'}",
-           "STATEGUARD_SANDBOX_DIR": str(tmp_path / "sandbox")}
-    migrate = manage_py("migrate", "--noinput", env=env)
-    assert migrate.returncode == 0, migrate.stderr
+def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, sqlite_url: str,
+                                       tmp_path: Path) -> None:
+    # sqlite_url: migrated by manage.py migrate (once a session, see tests/web/conftest.py)
+    env = {"DATABASE_URL": sqlite_url, "STATEGUARD_SANDBOX_DIR": str(tmp_path / "sandbox")}
     result = manage_py("shell", "-c", SCRIPT, env=env)
     assert result.returncode == 0, result.stderr
     *_, journal, api = result.stdout.strip().splitlines()
