@@ -6,6 +6,7 @@ import getpass
 import json
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from io import StringIO
 from typing import Any
@@ -175,16 +176,18 @@ def test_it_exits_non_zero_with_one_line_and_no_traceback(manage_py: ManagePy) -
     succeeded = Run.objects.create(agent="checkout", status=Run.Status.SUCCEEDED)
     stuck = Run.objects.create(agent="checkout", status=Run.Status.NEEDS_ATTENTION)
 
-    refused = manage_py("retry", str(succeeded.code), env=env)
+    # The three at once: each is a Django start-up (seconds), and they touch different runs.
+    with ThreadPoolExecutor(3) as pool:
+        refused, malformed, resolved = pool.map(lambda args: manage_py(*args, env=env), [
+            ("retry", str(succeeded.code)), ("run_status", "12345"),
+            ("resolve", str(stuck.code), "--note", "refunded in Stripe")])
     assert refused.returncode == 1
     assert refused.stderr == (f"CommandError: run {succeeded.code} is succeeded; "
                               "only a failed run is retried\n")
-    malformed = manage_py("run_status", "12345", env=env)
     assert malformed.returncode == 1
     assert malformed.stderr.startswith("CommandError: not a run id: '12345'")
     assert "Traceback" not in refused.stderr + malformed.stderr
 
-    resolved = manage_py("resolve", str(stuck.code), "--note", "refunded in Stripe", env=env)
     assert resolved.returncode == 0, resolved.stderr
     assert resolved.stdout == f"resolved run {stuck.code} by hand: it is compensated\n"
     assert AuditEvent.objects.get(run=stuck).actor == f"cli:{getpass.getuser()}"
