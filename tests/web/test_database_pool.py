@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from stateguard_web.sagas import services
@@ -19,9 +20,14 @@ def _pool_option(manage_py: ManagePy, env: dict[str, str]) -> str:
 
 def test_it_gives_each_web_process_a_pool_of_the_size_asked(manage_py: ManagePy) -> None:
     postgres = {"DATABASE_URL": "postgres://u@db.internal:5432/stateguard"}
-    assert _pool_option(manage_py, {**postgres, "DATABASE_POOL": "4"}) == \
-        "{'min_size': 4, 'max_size': 4}"
-    assert _pool_option(manage_py, {**postgres, "DATABASE_POOL": "0"}) == "None"
+
+    def option(size: str) -> str:
+        return _pool_option(manage_py, {**postgres, "DATABASE_POOL": size})
+
+    with ThreadPoolExecutor(2) as pool:  # two Django start-ups at once: seconds each
+        four, none = pool.map(option, ["4", "0"])
+    assert four == "{'min_size': 4, 'max_size': 4}"
+    assert none == "None"
 
 
 def test_it_has_no_pool_on_sqlite(manage_py: ManagePy, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import re
 import secrets
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -118,12 +119,15 @@ def test_it_reads_the_env_file_that_stateguard_env_file_names(
     monkeypatch.delenv("ALLOWED_HOSTS", raising=False)
     env = {**_sqlite_env(tmp_path), "STATEGUARD_ENV_FILE": str(env_file),
            "STATEGUARD_SWEEP_SECONDS": "5"}  # the environment wins over the file
-    assert _print_setting(
-        manage_py, "(settings.ALLOWED_HOSTS, settings.STATEGUARD_SWEEP_SECONDS)", env
-    ) == "(['from-the-file.example'], 5)"
+    # Named, so it must be there.
+    missing = {**env, "STATEGUARD_ENV_FILE": str(tmp_path / "missing.env")}
+    with ThreadPoolExecutor(2) as pool:  # two Django start-ups at once: seconds each
+        printed = pool.submit(_print_setting, manage_py,
+                              "(settings.ALLOWED_HOSTS, settings.STATEGUARD_SWEEP_SECONDS)", env)
+        checked = pool.submit(manage_py, "check", env=missing)
+    assert printed.result() == "(['from-the-file.example'], 5)"
 
-    env["STATEGUARD_ENV_FILE"] = str(tmp_path / "missing.env")  # named, so it must be there
-    result = manage_py("check", env=env)
+    result = checked.result()
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and "missing.env" in result.stderr
 
