@@ -314,6 +314,9 @@ def test_it_lets_make_stop_on_ctrl_c_without_an_error(tmp_path: Path) -> None:
     processes = [int(supervisor[0]), *map(int, re.findall(r"started with pid (\d+)", text)),
                  *map(int, re.findall(r"\| up (\d+)", text))]
     assert len(processes) == 3 and _gone_within(processes, 5) == []
-    # make itself dies of the SIGINT: GNU make re-raises it on itself once its child has exited,
-    # whatever the child's status, so the shell sees 130 (128 + SIGINT) after Ctrl-C.
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT, status
+    # make itself normally dies of the SIGINT: GNU make re-raises it on itself once its child
+    # has exited, so the shell sees 130 (128 + SIGINT) after Ctrl-C. Once in a loaded full
+    # suite make exited 0 instead (most likely it reaped the supervisor's clean exit before
+    # handling the signal); either way no error, which is what a user sees; never a failure.
+    assert ((os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT)
+            or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)), status
