@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,14 @@ from stateguard_web.asgi import application
 from stateguard_web.threads import ReusedThreadsHandler
 
 
+def _thread() -> str:
+    """This thread, as no later thread can be: the system reuses the ids of ended threads."""
+    current = threading.current_thread()
+    if not hasattr(current, "test_tag"):
+        current.test_tag = uuid.uuid4().hex  # type: ignore[attr-defined]
+    return current.test_tag  # type: ignore[attr-defined,no-any-return]
+
+
 @pytest.fixture
 def seen() -> Iterator[list[dict[str, Any]]]:
     """What each request's ``request_started``/``request_finished`` receivers saw (they run
@@ -26,10 +35,10 @@ def seen() -> Iterator[list[dict[str, Any]]]:
     events: list[dict[str, Any]] = []
 
     def started(**_: Any) -> None:
-        events.append({"at": "started", "thread": threading.get_ident()})
+        events.append({"at": "started", "thread": _thread()})
 
     def finished(**_: Any) -> None:
-        events.append({"at": "finished", "thread": threading.get_ident(),
+        events.append({"at": "finished", "thread": _thread(),
                        "connection_open": connection.connection is not None})
 
     request_started.connect(started, weak=False)
@@ -59,7 +68,7 @@ def test_requests_one_after_another_run_on_one_kept_thread(seen: list[dict[str, 
         assert async_to_sync(_get)("/api/health")["status"] in (200, 503)  # reads the database
     threads = {e["thread"] for e in seen}
     assert len(seen) == 6 and len(threads) == 1
-    assert threads != {threading.main_thread().ident}
+    assert threads != {_thread()}  # not this (the main) thread
     assert not any(e.get("connection_open") for e in seen if e["at"] == "finished")
 
 
@@ -86,10 +95,10 @@ def test_a_request_that_did_not_end_normally_leaves_its_thread_to_no_one() -> No
     """Cancelled (Daphne gives up on a request after its client left) or failed, its view may
     still run on that thread: the next request must not wait behind it."""
     handler = ReusedThreadsHandler()
-    used: list[int] = []
+    used: list[str] = []
 
     async def ends(scope: Any, receive: Any, send: Any) -> None:
-        used.append(await sync_to_async(threading.get_ident)())
+        used.append(await sync_to_async(_thread)())
 
     async def fails(scope: Any, receive: Any, send: Any) -> None:
         await ends(scope, receive, send)
