@@ -306,3 +306,41 @@ def test_it_shows_what_happened_while_the_websocket_was_cut(
     finally:
         back.stop()
         context.close()
+
+
+def test_an_operator_approves_an_ai_agents_tool_call_from_its_page(
+        stack: Server, workers: Workers, browser: Any,  # noqa: F811
+        people: dict[str, Any], publisher: None,
+        stripe_client: stripe.StripeClient) -> None:
+    """The travel agent (create_react_agent, scripted model) asks to charge 250.00: its `tools`
+    step waits as paused (not failed), the panel names the tool and what its arguments charge,
+    and approving it from the page books the trip with one charge."""
+    url = stack.url
+    context, page, logs = operator_page(browser, stack, workers)
+    trip = submit("travel", people["shop"], email="trip@shop.test", destination="Lisbon",
+                  nights=2, amount=250_00)
+    page.goto(f"{url}/runs/{trip.code}/")
+    live(page)
+    run_status(page, "paused", logs)
+    panel = page.locator(".panel-wait")
+    assert "The agent's call of charge_card waits for an approval" in panel.inner_text()
+    assert panel.locator(".amount").inner_text() == "250.00 USD"
+    assert page.locator('[data-step][data-node="tools"]').first.get_attribute(
+        "data-status") == "paused"
+    shot(page, "18-tool-approval")
+    page.click("button[data-dialog^='confirm-approve-']")
+    dialog = page.locator("dialog[open]")
+    assert "calls the tool charge_card" in dialog.inner_text()
+    shot(page, "19-confirm-tool-approval")
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    small.goto(f"{url}/runs/{trip.code}/")
+    live(small)
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(small, "20-phone-tool-approval")
+    phone.close()
+    dialog.locator("button[type=submit]").click()
+    run_status(page, "succeeded", logs)
+    assert [c.amount for c in stripe_client.v1.charges.list().data] == [250_00]
+    shot(page, "21-tool-run-succeeded")
+    context.close()
