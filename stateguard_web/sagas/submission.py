@@ -25,27 +25,32 @@ from stateguard_web.precompiled import run_prepared
 from stateguard_web.sagas.models import AuditEvent, Run
 
 
-def _fields(model: type[Any], *skip: str) -> list[Field[Any, Any]]:
-    return [f for f in model._meta.concrete_fields
-            if not f.primary_key and f.name not in skip]
+@cache
+def _fields() -> tuple[list[Field[Any, Any]], list[Field[Any, Any]]]:
+    """The columns written: the run's, and its audit event's but for the two taken from the
+    new run (``run``, ``run_code``). Read from the models once per process."""
+    def written(model: type[Any], *skip: str) -> list[Field[Any, Any]]:
+        return [f for f in model._meta.concrete_fields
+                if not f.primary_key and f.name not in skip]
+
+    return written(Run), written(AuditEvent, "run", "run_code")
 
 
 @cache
 def _sql() -> str:
-    run_fields, audit_fields = _fields(Run), _fields(AuditEvent, "run", "run_code")
+    run_fields, audit_fields = _fields()
     quote = connections[router.db_for_write(Run)].ops.quote_name
     run_table, audit_table = quote(Run._meta.db_table), quote(AuditEvent._meta.db_table)
-    run_pk = quote(Run._meta.pk.column)
+    run_pk, run_code = quote(Run._meta.pk.column), quote(Run._meta.get_field("code").column)
     run_columns = ", ".join(quote(f.column) for f in run_fields)
     audit_columns = ", ".join(quote(f.column) for f in audit_fields)
     return (
         f"WITH new_run AS (INSERT INTO {run_table} ({run_columns}) "
-        f"VALUES ({', '.join(['%s'] * len(run_fields))}) RETURNING {run_pk}, "
-        f"{quote(Run._meta.get_field('code').column)}), "
+        f"VALUES ({', '.join(['%s'] * len(run_fields))}) RETURNING {run_pk}, {run_code}), "
         f"new_event AS (INSERT INTO {audit_table} "
         f"({quote(AuditEvent._meta.get_field('run').column)}, "
         f"{quote(AuditEvent._meta.get_field('run_code').column)}, {audit_columns}) "
-        f"SELECT new_run.{run_pk}, new_run.{quote(Run._meta.get_field('code').column)}, "
+        f"SELECT new_run.{run_pk}, new_run.{run_code}, "
         f"{', '.join(['%s'] * len(audit_fields))} FROM new_run) "
         f"SELECT {run_pk} FROM new_run")
 
@@ -55,9 +60,9 @@ def insert_submitted(run: Run, event: AuditEvent) -> None:
     Raises ``IntegrityError`` (nothing stored) when a constraint refuses the run."""
     db = router.db_for_write(Run)
     connection = connections[db]
-    params = [f.get_db_prep_save(f.pre_save(run, True), connection) for f in _fields(Run)]
-    params += [f.get_db_prep_save(f.pre_save(event, True), connection)
-               for f in _fields(AuditEvent, "run", "run_code")]
+    run_fields, audit_fields = _fields()
+    params = [f.get_db_prep_save(f.pre_save(run, True), connection) for f in run_fields]
+    params += [f.get_db_prep_save(f.pre_save(event, True), connection) for f in audit_fields]
     in_transaction = connection.in_atomic_block or not connection.get_autocommit()
     with transaction.atomic(using=db) if in_transaction else nullcontext():
         (run.pk,) = run_prepared(connection, _sql(), params, lambda cursor: cursor.fetchone())

@@ -23,20 +23,16 @@ from tests.web.api.world import make_user
 pytestmark = pytest.mark.django_db
 
 
-def _by_code(code: uuid.UUID):  # type: ignore[no-untyped-def]
-    return Run.objects.select_related("submitted_by").filter(code=code)
-
-
 def test_it_reads_a_run_as_the_orm_does_with_its_submitter_in_one_query() -> None:
     alice = make_user("alice", "submitter")
     run = Run.objects.create(agent="checkout", input={"amount": 5, "note": "x"},
                              submitted_by=alice)
-    compiled = CompiledGet(_by_code, marker=uuid.UUID(int=0))
+    compiled = CompiledGet(selectors._run_by_code, marker=uuid.UUID(int=0))
     with CaptureQueriesContext(connection) as queries:
         found = compiled.get(run.code)
         assert found.submitted_by.get_username() == "alice"  # no second query
     assert len(queries) == 1
-    orm = _by_code(run.code).get()
+    orm = selectors._run_by_code(run.code).get()
     fields = [f.attname for f in Run._meta.concrete_fields]
     assert [getattr(found, f) for f in fields] == [getattr(orm, f) for f in fields]
     assert found.input == {"amount": 5, "note": "x"}  # JSON decoded, as the ORM does
@@ -44,7 +40,7 @@ def test_it_reads_a_run_as_the_orm_does_with_its_submitter_in_one_query() -> Non
 
 
 def test_it_raises_does_not_exist_and_reads_each_call_anew() -> None:
-    compiled = CompiledGet(_by_code, marker=uuid.UUID(int=0))
+    compiled = CompiledGet(selectors._run_by_code, marker=uuid.UUID(int=0))
     with pytest.raises(Run.DoesNotExist):
         compiled.get(uuid.uuid4())
     run = Run.objects.create(agent="checkout", input={})
