@@ -14,8 +14,11 @@ The statement runs on a server-side binding cursor (Django's own bind client-sid
 psycopg prepares it once it has run ``prepare_threshold`` times on a connection (settings.py):
 on the web processes' pooled connections PostgreSQL then skips planning it, which was most of
 its cost (measured: 1.0-1.3 ms of PostgreSQL CPU for the key and a run's detail, 0.14-0.30 ms
-prepared), and psycopg no longer parses its ``%s`` placeholders, which for the run's history
-(~6 kB, ~90 parameters, past psycopg's parse cache) was a tenth of a detail request. The SQL
+prepared). psycopg still turns a statement's ``%s`` placeholders into ``$1, $2 ...`` on every
+execute, and keeps the result only for statements under 4 kB and 50 parameters: the run's
+history (~6 kB, ~90 parameters) was parsed anew on each call, 7 % of a detail request's CPU in
+a profile of Daphne (P6). These statements are a handful per process, so their conversion is
+kept (``_KeptConversion``). The SQL
 names its columns, so a migration that adds one leaves a prepared statement valid; one that
 changes the type of a column it reads makes PostgreSQL refuse it ("cached plan must not change
 result type"), and psycopg would keep it: ``run_prepared`` then drops the connection's prepared
@@ -27,15 +30,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import psycopg
 from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import get_related_populators
+from psycopg._queries import PostgresQuery, _query2pg_nocache
 
 M = TypeVar("M", bound=Model)
 
+
+
+class _KeptConversion(PostgresQuery):
+    """psycopg's conversion of a query for the server, kept per query text without a bound on
+    length or parameters (psycopg's own cache leaves out long queries, of which ORMs make
+    endless variants; ``run_prepared``'s are made once per process). Relies on psycopg's
+    ``PostgresQuery.convert`` setting ``query``, ``_want_formats``, ``_order`` and ``_parts``
+    from ``_query2pg`` and then calling ``dump``, checked by tests/web/test_precompiled.py."""
+
+    __slots__ = ()
+    LIMIT: ClassVar[int] = 64  # statements kept; more would mean they are not made once
+    _kept: ClassVar[dict[tuple[str | bytes, str], Any]] = {}
+
+    def convert(self, query: Any, vars: Any) -> None:
+        if vars is None or not isinstance(query, (str, bytes)):
+            return super().convert(query, vars)
+        key = (query, self._tx.encoding)
+        converted = self._kept.get(key)
+        if converted is None:
+            if len(self._kept) >= self.LIMIT:
+                return super().convert(query, vars)
+            converted = self._kept[key] = _query2pg_nocache(self._ensure_bytes(query),
+                                                             self._tx.encoding)
+        self.query, self._want_formats, self._order, self._parts = converted
+        self.dump(vars)
 
 
 class _PreparingCursor(psycopg.Cursor[Any]):
@@ -43,6 +72,8 @@ class _PreparingCursor(psycopg.Cursor[Any]):
     ``prepare_threshold`` uses: psycopg counts those uses in a cache of 100 statements that
     Django's queries (each with its values written in) fill too, so a lookup seldom reached
     the threshold on a busy connection."""
+
+    _query_cls = _KeptConversion
 
     def execute(self, query: Any, params: Any = None, *, prepare: bool | None = None,
                 binary: bool | None = None) -> Any:

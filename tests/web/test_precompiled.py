@@ -125,3 +125,33 @@ def test_a_key_is_read_with_its_permissions_and_a_revocation_counts_at_once() ->
     ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
     with pytest.raises(services.KeyRefused, match="revoked"):
         services.api_key_authenticate(raw)
+
+
+def test_it_converts_a_long_statement_for_the_server_once_per_process(monkeypatch) -> None:
+    """psycopg parses the placeholders of statements over 4 kB (the run's history) on every
+    execute; run_prepared's statements keep their conversion, and still read right."""
+    import psycopg._queries
+
+    from stateguard_web import precompiled
+
+    calls: list[bytes] = []
+    real = psycopg._queries._query2pg_nocache
+
+    def counted(query: bytes, encoding: str):  # type: ignore[no-untyped-def]
+        calls.append(query)
+        return real(query, encoding)
+
+    monkeypatch.setattr(precompiled, "_query2pg_nocache", counted)
+    monkeypatch.setattr(precompiled._KeptConversion, "_kept", {})
+    run = Run.objects.create(agent="checkout", input={"amount": 5})
+    Step.objects.create(run=run, step_id="charge", node="charge", status="succeeded",
+                        started_at=timezone.now())
+    sql = selectors._RUN_DETAIL.plan.sql
+    assert len(sql) > 4096 or len(selectors._RUN_DETAIL.plan.params) > 50  # past psycopg's cache
+    for _ in range(3):
+        found = selectors.run_get(code=run.code, detail=True)
+        assert [s["step_id"] for s in selectors.run_detail(run=found)["steps"]] == ["charge"]
+    assert len(calls) == 1
+    with pytest.raises(Run.DoesNotExist):
+        selectors._RUN_DETAIL.get(uuid.uuid4())  # another value, the same conversion
+    assert len(calls) == 1
