@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from ninja import Field, Schema
 from pydantic import (
     AfterValidator,
+    BaseModel,
     BeforeValidator,
     ConfigDict,
     StringConstraints,
@@ -156,20 +157,28 @@ class RunFilter(RunFilters):
     offset: int = Field(0, ge=0, le=2**31 - 1)
 
 
-class ErrorInfoOut(Schema):
+class Out(BaseModel):
+    """An answer, validated from the selectors' JSON data (dicts and lists). A plain pydantic
+    model, not ninja's ``Schema``: that one's wrap validator puts every object it validates,
+    each nested dict included, behind a ``DjangoGetter`` for attribute and ORM access, which
+    none of these need (a run's detail has ~20 nested objects: a fifth of the time to answer
+    it went there, P6 in docs/benchmarks.md)."""
+
+
+class ErrorInfoOut(Out):
     type: str = ""
     message: str = ""
     traceback: str = ""
 
 
-class RequestOut(Schema):
+class RequestOut(Out):
     id: str | None
     action: str | None
     by: str | None
     requested_at: datetime | None
 
 
-class RunOut(Schema):
+class RunOut(Out):
     code: uuid.UUID
     agent: str
     status: RunStatus
@@ -183,12 +192,12 @@ class RunOut(Schema):
                                                    "is carried out")
 
 
-class RunListOut(Schema):
+class RunListOut(Out):
     items: list[RunOut]
     count: int
 
 
-class StepOut(Schema):
+class StepOut(Out):
     node: str
     step_id: str
     status: StepStatus
@@ -199,7 +208,7 @@ class StepOut(Schema):
     error: ErrorInfoOut | None
 
 
-class AttemptOut(Schema):
+class AttemptOut(Out):
     number: int
     ok: bool
     started_at: datetime
@@ -208,7 +217,7 @@ class AttemptOut(Schema):
     error: ErrorInfoOut | None
 
 
-class CompensationOut(Schema):
+class CompensationOut(Out):
     id: int
     node: str
     step_id: str
@@ -220,7 +229,7 @@ class CompensationOut(Schema):
     attempts: list[AttemptOut]
 
 
-class EffectOut(Schema):
+class EffectOut(Out):
     provider: str
     kind: str = Field(description="charge, refund, ...")
     external_id: str = Field(description="the provider's id (a Stripe PaymentIntent, refund)")
@@ -233,7 +242,7 @@ class EffectOut(Schema):
     recorded_at: datetime
 
 
-class ApprovalOut(Schema):
+class ApprovalOut(Out):
     id: int
     node: str
     step_id: str
@@ -245,14 +254,14 @@ class ApprovalOut(Schema):
     decided_at: datetime | None
 
 
-class InvariantOut(Schema):
+class InvariantOut(Out):
     name: str | None
     node: str | None = Field(description="the node after whose writes it failed; null when "
                                          "it failed on the final state")
     message: str
 
 
-class AuditOut(Schema):
+class AuditOut(Out):
     at: datetime
     actor: str
     action: str
@@ -268,7 +277,7 @@ class RunDetailOut(RunOut):
     audit: list[AuditOut]
 
 
-class AgentOut(Schema):
+class AgentOut(Out):
     name: str
     description: str
     nodes: list[str]
@@ -305,7 +314,7 @@ class BatchIn(In):
         return self
 
 
-class BatchCountsOut(Schema):
+class BatchCountsOut(Out):
     pending: int
     done: int
     skipped: int
@@ -313,7 +322,7 @@ class BatchCountsOut(Schema):
     total: int
 
 
-class BatchItemOut(Schema):
+class BatchItemOut(Out):
     run: uuid.UUID
     status_before: RunStatus = Field(description="the run's status when it was selected")
     outcome: BatchItem.Outcome
@@ -321,7 +330,7 @@ class BatchItemOut(Schema):
     finished_at: datetime | None
 
 
-class BatchOut(Schema):
+class BatchOut(Out):
     code: uuid.UUID
     action: Batch.Action
     status: Batch.Status
@@ -337,7 +346,7 @@ class BatchOut(Schema):
     items: list[BatchItemOut]
 
 
-class BatchPreviewOut(Schema):
+class BatchPreviewOut(Out):
     action: Batch.Action
     count: int = Field(description="the runs selected")
     eligible: int = Field(description="those the action fits now (the others would be "
