@@ -106,14 +106,14 @@ MIDDLEWARE = [
 ]
 # API requests that carry a key (Authorization: Bearer, under /api/) are judged by the key
 # alone, so they skip what only a session needs: session, CSRF, authentication and messages.
-# The rest is MIDDLEWARE's, run on the event loop (no thread hop per hook): stateguard_web/api/
-# asgi.py. Keep it MIDDLEWARE without those four (tests/web/api/test_keyed_path.py checks).
+# The rest is MIDDLEWARE's, run with the view in one call on the request's thread: stateguard_web/
+# api/asgi.py. Keep it MIDDLEWARE without those four (tests/web/api/test_keyed_path.py checks).
 KEYED_API_MIDDLEWARE = [
     "stateguard_web.metrics.ApiRequestsMiddleware",
-    "stateguard_web.api.asgi.SecurityMiddleware",
-    "stateguard_web.api.asgi.CommonMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
     "stateguard_web.api.asgi.AnonymousUntilKeyed",  # in AuthenticationMiddleware's place
-    "stateguard_web.api.asgi.XFrameOptionsMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 # Django's, reading a user's permissions in one query (every API request asks for them).

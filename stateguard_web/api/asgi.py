@@ -11,10 +11,9 @@ So ``asgi.application`` sends these requests to a Django handler of their own
 (``KeyedApiHandler``) whose middleware is ``settings.KEYED_API_MIDDLEWARE``: the site's
 ``MIDDLEWARE`` without the session, CSRF, authentication and message middleware (a test keeps
 the two lists in step). What is left (the HTTPS redirect and security headers, host validation,
-``X-Frame-Options``) is Django's own middleware, run on the event loop (``OnTheLoop``): their
-hooks only read the request and set headers, so they need no thread. Every other request (a
-session's API calls with their CSRF check, the pages, a request with no key) takes the site's
-whole ``MIDDLEWARE`` as before.
+``X-Frame-Options``, the API counter) runs with the view, in one call on the request's thread.
+Every other request (a session's API calls with their CSRF check, the pages, a request with no
+key) takes the site's whole ``MIDDLEWARE`` as before.
 """
 
 from __future__ import annotations
@@ -22,12 +21,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import markcoroutinefunction
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest, HttpResponseBase
-from django.middleware import clickjacking, common, security
+from django.urls import set_script_prefix
 from django.utils.module_loading import import_string
 
 from stateguard_web.metrics import API_PREFIX
@@ -64,60 +66,64 @@ class ByCredentials:
 
 
 class KeyedApiHandler(ReusedThreadsHandler):
-    """Django's ASGI handler with ``settings.KEYED_API_MIDDLEWARE`` as its middleware. Each
-    must be async (no thread hop) and have no view, template-response or exception hooks
-    (which this handler does not collect)."""
+    """Django's ASGI handler with ``settings.KEYED_API_MIDDLEWARE`` as its middleware, and the
+    whole of a request's Django part in one call on its thread.
+
+    Django's handler crosses from the event loop to the request's thread (``sync_to_async``)
+    for the ``request_started`` receivers, again for a sync view (the API's are: the ORM is
+    sync), and again for ``response.close()`` (the ``request_finished`` receivers, which give
+    the database connection back), and starts two tasks per request to notice a client that
+    left. Each crossing wakes a thread and then the event loop: with the ORM's work done on
+    the thread anyway, they were most of what an API request cost beyond its view (P6,
+    docs/benchmarks.md). Here one call runs ``request_started``, the middleware (sync, as
+    under WSGI), the view and, for a response that is not streamed, ``close()``; the event
+    loop only reads the body and sends the answer. What is given up is Django's cancelling
+    of an async view whose client left: these views are sync, and Django cannot stop a sync
+    view either (it finishes on its thread, its answer dropped). Each middleware must be
+    sync-capable and have no view, template-response or exception hooks (which this handler
+    does not collect)."""
 
     def load_middleware(self, is_async: bool = False) -> None:
-        assert is_async, "ASGI only"
         self._view_middleware: list[Any] = []
         self._template_response_middleware: list[Any] = []
         self._exception_middleware: list[Any] = []
-        handler = convert_exception_to_response(self._get_response_async)
+        handler = convert_exception_to_response(self._get_response)
         for path in reversed(settings.KEYED_API_MIDDLEWARE):
             middleware = import_string(path)
-            if not getattr(middleware, "async_capable", False) or any(
+            if not getattr(middleware, "sync_capable", True) or any(
                     hasattr(middleware, hook) for hook in (
                         "process_view", "process_template_response", "process_exception")):
-                raise TypeError(f"KEYED_API_MIDDLEWARE: {path} must be async and have no "
-                                "view, template-response or exception hook")
+                raise TypeError(f"KEYED_API_MIDDLEWARE: {path} must be sync-capable and have "
+                                "no view, template-response or exception hook")
             handler = convert_exception_to_response(middleware(handler))
         self._middleware_chain = handler
 
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            response = await sync_to_async(self._respond)(scope, body_file)
+            await self.send_response(response, send)
+            if response.streaming:  # closed once its content is sent, as Django does
+                await sync_to_async(response.close)()
+        finally:
+            body_file.close()
 
-class OnTheLoop:
-    """A Django ``MiddlewareMixin`` whose hooks run on the event loop, not in a thread: only for
-    middleware whose ``process_request``/``process_response`` do no I/O (they read the request
-    and settings and set headers). Its hooks are called in the same order, with the same
-    short-circuit, as ``MiddlewareMixin`` does."""
-
-    sync_capable = False
-    async_capable = True
-    get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
-
-    def __call__(self, request: HttpRequest) -> Awaitable[HttpResponseBase]:
-        return self._on_the_loop(request)
-
-    async def _on_the_loop(self, request: HttpRequest) -> HttpResponseBase:
-        response = None
-        if hasattr(self, "process_request"):
-            response = self.process_request(request)
-        response = response or await self.get_response(request)
-        if hasattr(self, "process_response"):
-            response = self.process_response(request, response)
+    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        """What Django's ``handle`` does between reading the body and sending the answer, on
+        the request's thread."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self.get_response(request)  # the middleware, the view; logs 4xx/5xx
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+        assert response is not None
+        if not response.streaming:
+            response.close()  # request_finished: the connection goes back before sending
         return response
-
-
-class SecurityMiddleware(OnTheLoop, security.SecurityMiddleware):
-    """The HTTPS redirect and the security headers (HSTS, nosniff, referrer, COOP)."""
-
-
-class CommonMiddleware(OnTheLoop, common.CommonMiddleware):
-    """Host validation (``ALLOWED_HOSTS``), disallowed user agents, ``APPEND_SLASH``."""
-
-
-class XFrameOptionsMiddleware(OnTheLoop, clickjacking.XFrameOptionsMiddleware):
-    """``X-Frame-Options``."""
 
 
 class AnonymousUntilKeyed:
@@ -125,14 +131,9 @@ class AnonymousUntilKeyed:
     Django's ``AuthenticationMiddleware`` would give a request without a session, without
     reading one."""
 
-    sync_capable = False
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
-                 ) -> None:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
-        markcoroutinefunction(self)
 
-    async def __call__(self, request: HttpRequest) -> HttpResponseBase:
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
         request.user = AnonymousUser()
-        return await self.get_response(request)
+        return self.get_response(request)

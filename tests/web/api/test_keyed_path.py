@@ -1,8 +1,9 @@
 """API requests that carry a key take a leaner way through the ASGI application (api/asgi.py):
-no session, CSRF, authentication or message middleware, Django's other middleware on the event
-loop. What they must keep: the key is checked on every request (a key revoked, or a permission
-taken away, counts from the next request), host validation, the HTTPS redirect and the security
-headers. Sessions keep the site's whole stack, CSRF check included.
+no session, CSRF, authentication or message middleware, Django's other middleware with the
+view in one call on the request's thread. What they must keep: the key is checked on every
+request (a key revoked, or a permission taken away, counts from the next request), host
+validation, the HTTPS redirect and the security headers. Sessions keep the site's whole stack,
+CSRF check included.
 
 Through ``asgi.application`` itself (Django's test client does not use it), so a request runs
 on a thread of its own, with a connection of its own: the database tests are transactional.
@@ -24,7 +25,7 @@ from django.test import override_settings
 from django.utils.module_loading import import_string
 
 from stateguard_web.accounts import services as accounts
-from stateguard_web.api.asgi import ByCredentials, KeyedApiHandler, OnTheLoop, carries_key
+from stateguard_web.api.asgi import ByCredentials, KeyedApiHandler, carries_key
 from stateguard_web.asgi import application
 from stateguard_web.sagas.models import AuditEvent, Run
 from tests.web.api.world import CSRF_SECRET, make_user
@@ -63,10 +64,7 @@ def test_the_keyed_middleware_is_the_sites_without_what_only_sessions_need() -> 
     kept = [path for path in settings.MIDDLEWARE if path not in SESSION_ONLY]
     assert len(keyed) == len(kept) + 1  # + AnonymousUntilKeyed, AuthenticationMiddleware's
     keyed = [m for m in keyed if m.__name__ != "AnonymousUntilKeyed"]
-    for mine, site in zip(keyed, kept, strict=True):
-        site_class = import_string(site)
-        assert mine is site_class or (issubclass(mine, site_class) and
-                                      issubclass(mine, OnTheLoop)), (mine, site)
+    assert keyed == [import_string(path) for path in kept]
 
 
 @pytest.mark.parametrize(("path", "headers", "keyed"), [
@@ -186,3 +184,41 @@ def test_a_session_still_needs_the_csrf_token(keys: dict[str, Any]) -> None:
     assert not AuditEvent.objects.filter(action="run.retry_requested").exists()
     status, _, _ = call("POST", path, [(b"cookie", cookie), (b"x-csrftoken", CSRF_SECRET.encode())])
     assert status == 202
+
+
+def test_a_keyed_request_crosses_to_its_thread_once(keys: dict[str, Any],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """request_started, the middleware, the view and request_finished (which gives the
+    database connection back) run in one call on the request's thread, not one each."""
+    import threading
+
+    from django.core import signals
+
+    from stateguard_web.api import asgi
+
+    crossings: list[str] = []
+    real = asgi.sync_to_async
+
+    def counted(func: Any, *args: Any, **kwargs: Any) -> Any:
+        crossings.append(getattr(func, "__name__", repr(func)))
+        return real(func, *args, **kwargs)
+
+    threads: dict[str, int] = {}
+
+    def started(**_: Any) -> None:
+        threads["started"] = threading.get_ident()
+
+    def finished(**_: Any) -> None:
+        threads["finished"] = threading.get_ident()
+
+    monkeypatch.setattr(asgi, "sync_to_async", counted)
+    signals.request_started.connect(started)
+    signals.request_finished.connect(finished)
+    try:
+        status, _, body = call("GET", f"/api/runs/{keys['run'].code}", bearer(keys["vera_raw"]))
+    finally:
+        signals.request_started.disconnect(started)
+        signals.request_finished.disconnect(finished)
+    assert status == 200, body
+    assert crossings == ["_respond"]
+    assert threads["started"] == threads["finished"] != threading.get_ident()
