@@ -69,7 +69,11 @@ IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200),
                            AfterValidator(_printable)]
 
 
-class In(Schema):
+class In(BaseModel):
+    """A request's body. Unknown fields are refused. A plain pydantic model, as the Outs are:
+    ninja's ``Schema`` validates a model that forbids extra fields twice (once as given, once
+    behind its ``DjangoGetter``)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
