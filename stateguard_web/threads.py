@@ -46,7 +46,8 @@ class ReusedThreadsHandler(ASGIHandler):
             # Cancelled (Daphne gives up on a request some seconds after its client left) or
             # failed: its view may still be running on that thread, and the next request would
             # wait behind it. That thread is not kept; once the view is done, it gives its
-            # database connection back (Django's request_finished will not run for it).
+            # database connection back (Django's handler will not send request_finished for
+            # it; the keyed API's handler does, on that thread, once the view is done).
             executor.submit(connections.close_all)
             executor.shutdown(wait=False)
             raise

@@ -104,16 +104,21 @@ class KeyedApiHandler(ReusedThreadsHandler):
         except RequestAborted:
             return
         try:
-            response = await sync_to_async(self._respond)(scope, body_file)
+            response, closing_failed = await sync_to_async(self._respond)(scope, body_file)
             await self.send_response(response, send)
+            if closing_failed is not None:
+                # As under Django's handler, whose close() comes after the answer: the client
+                # gets the answer (a submission was stored), the error goes to the server.
+                raise closing_failed
             if response.streaming:  # closed once its content is sent, as Django does
                 await sync_to_async(response.close)()
         finally:
             body_file.close()
 
-    def _respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+    def _respond(self, scope: dict[str, Any], body_file: Any
+                 ) -> tuple[HttpResponseBase, Exception | None]:
         """What Django's ``handle`` does between reading the body and sending the answer, on
-        the request's thread."""
+        the request's thread; and the error of closing the response, if any."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
@@ -122,8 +127,11 @@ class KeyedApiHandler(ReusedThreadsHandler):
             response._handler_class = self.__class__  # type: ignore[attr-defined]
         assert response is not None
         if not response.streaming:
-            response.close()  # request_finished: the connection goes back before sending
-        return response
+            try:
+                response.close()  # request_finished: the connection goes back before sending
+            except Exception as exc:  # a receiver failed
+                return response, exc
+        return response, None
 
 
 class AnonymousUntilKeyed:

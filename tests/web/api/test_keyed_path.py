@@ -222,3 +222,43 @@ def test_a_keyed_request_crosses_to_its_thread_once(keys: dict[str, Any],
     assert status == 200, body
     assert crossings == ["_respond"]
     assert threads["started"] == threads["finished"] != threading.get_ident()
+
+
+def test_a_request_finished_receiver_that_fails_still_lets_the_answer_go_out(
+        keys: dict[str, Any]) -> None:
+    """As under Django's handler, which closes the response after sending it: a submission
+    that was stored is answered, and the receiver's error goes to the server."""
+    from django.core import signals
+
+    def fails(**_: Any) -> None:
+        raise RuntimeError("a receiver failed")
+
+    app = ByCredentials(site=ASGIHandler(), keyed=KeyedApiHandler())
+
+    async def go() -> tuple[list[dict[str, Any]], BaseException | None]:
+        scope = {"type": "http", "method": "POST", "path": "/api/runs", "query_string": b"",
+                 "headers": [(b"host", b"localhost"), (b"content-type", b"application/json"),
+                             *bearer(keys["alice_raw"])]}
+        body = b'{"agent": "provision", "input": {"name": "w-3"}}'
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        try:
+            await app(scope, receive, send)
+        except RuntimeError as exc:
+            return sent, exc
+        return sent, None
+
+    signals.request_finished.connect(fails)
+    try:
+        sent, error = async_to_sync(go)()
+    finally:
+        signals.request_finished.disconnect(fails)
+    assert sent[0]["status"] == 201 and b'"w-3"' in sent[1]["body"], sent
+    assert isinstance(error, RuntimeError) and "a receiver failed" in str(error)
+    assert Run.objects.filter(input__name="w-3").exists()
