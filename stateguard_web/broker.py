@@ -11,18 +11,38 @@ shared between threads), so this channel keeps the one it made, and makes anothe
 channel replaces its pool (after a fork, or a reconnect). Side effect: the worker's banner
 names the broker ``stateguard_web.broker:Transport://host:port/db`` instead of ``redis://...``.
 
+It also tells ``sagas.queueing`` what it handed Redis last on this thread (``last_put``): the
+message a submission's first ``run_execute`` publish made, which later ones reuse.
+
 This relies on kombu internals, checked by tests/web/test_celery_app.py:
 ``kombu.transport.redis.Channel.conn_or_acquire(client=None)`` (a context manager that yields
-the given client or one of the channel's), ``Channel._create_client()`` and ``Channel.pool``.
+the given client or one of the channel's), ``Channel._create_client()``, ``Channel.pool``,
+``Channel._put(queue, message)`` and ``Channel._q_for_pri``.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from kombu.transport import redis
+
+
+class Put(NamedTuple):
+    channel: Channel
+    key: str  # the Redis list the message went to
+    message: dict[str, Any]  # as kombu made it, before its JSON encoding
+
+
+_puts = threading.local()
+
+
+def last_put() -> Put | None:
+    """The message this thread's last publish through a ``Channel`` handed Redis alone (not in
+    a batch, nor with an expiring queue); None if there is none."""
+    return getattr(_puts, "last", None)
 
 
 class Channel(redis.Channel):
@@ -37,6 +57,12 @@ class Channel(redis.Channel):
         if own is None or own.connection_pool is not self.pool:
             own = self._own_client = self._create_client()
         yield own
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        plain = "_publish_batch" not in kwargs and not (self._expires and queue in self._expires)
+        super()._put(queue, message, **kwargs)
+        _puts.last = Put(self, self._q_for_pri(queue, self._get_message_priority(
+            message, reverse=False)), message) if plain else None
 
 
 class Transport(redis.Transport):

@@ -90,3 +90,10 @@ def test_it_finds_the_kombu_internals_its_broker_transport_relies_on() -> None:
         "self", "asynchronous"]
     assert isinstance(inspect.getattr_static(kombu_redis.Channel, "pool"), property)
     assert broker.Transport.Channel is broker.Channel
+    # broker.Channel._put reports each message (sagas/queueing.py) with the list it went to.
+    assert list(inspect.signature(kombu_redis.Channel._put).parameters) == [
+        "self", "queue", "message", "kwargs"]
+    assert list(inspect.signature(kombu_redis.Channel._q_for_pri).parameters) == [
+        "self", "queue", "pri"]
+    assert "reverse" in inspect.signature(kombu_redis.Channel._get_message_priority).parameters
+    assert "_expires" in inspect.getsource(kombu_redis.Channel._put)

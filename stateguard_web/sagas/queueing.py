@@ -1,0 +1,98 @@
+"""A submitted run queued for a worker by one Redis command.
+
+``tasks.run_execute.delay(pk)`` cost ~0.6-0.8 ms of CPU in the web process (Celery's routing
+and options, its producer pool, kombu's publish with its retry wrapper and the queue's
+declaration), a twelfth of a submission, where the one Redis command it ends in (LPUSH) costs
+~0.1 ms (P6, docs/benchmarks.md). So a process's first submission is queued by ``delay()``, and
+the message kombu handed Redis for it is kept (``broker.last_put``); each later run is queued
+as that message with its own task id, delivery tag and argument, by one LPUSH through the same
+channel's Redis client. The message is Celery's own (headers, properties, routing); only what
+differs between two ``delay()`` calls from one thread differs (tests/web/test_queueing.py
+compares them). Whatever this does not know goes through ``delay()``: a broker other than
+plain Redis, a message of another shape, a Redis error (kombu's retries and reconnection then
+apply: a message the error hid may then be there twice, which ``run_execute`` ignores), or a
+process forked since.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from stateguard_web import broker
+
+__all__ = ["run_execute_queue"]
+
+
+@dataclass(frozen=True)
+class _Template:
+    pid: int
+    channel: broker.Channel
+    key: str
+    message: dict[str, Any]
+    embed: Any  # the body's third part: callbacks, errbacks, chain, chord
+
+    def push(self, pk: int) -> None:
+        task_id = str(uuid.uuid4())
+        message = self.message
+        body = json.dumps([[pk], {}, self.embed]).encode()
+        queued = {
+            **message,
+            "body": base64.b64encode(body).decode(),
+            "headers": {**message["headers"], "id": task_id, "root_id": task_id,
+                        "argsrepr": repr((pk,))},
+            "properties": {**message["properties"], "correlation_id": task_id,
+                           "delivery_tag": str(uuid.uuid4())},
+        }
+        with self.channel.conn_or_acquire() as client:
+            client.lpush(self.key, json.dumps(queued))
+
+
+_template: _Template | None = None
+
+
+def run_execute_queue(pk: int) -> None:
+    """Queue the run ``pk`` for a worker, as ``tasks.run_execute.delay(pk)`` does."""
+    global _template
+    template = _template
+    if template is not None and template.pid == os.getpid():
+        try:
+            template.push(pk)
+            return
+        except redis.RedisError:
+            _template = None
+    from stateguard_web.sagas import tasks  # tasks imports services, which imports this
+
+    tasks.run_execute.delay(pk)
+    if _template is None:
+        _template = _learn(broker.last_put(), tasks.run_execute.name, pk)
+
+
+def _learn(put: broker.Put | None, name: str, pk: int) -> _Template | None:
+    """A template from what ``delay(pk)`` handed Redis, if it is the message this module
+    knows how to fill in: else None (and every run goes through ``delay()``)."""
+    if put is None:
+        return None
+    try:
+        message = json.loads(json.dumps(put.message))  # its own copy
+        headers, properties = message["headers"], message["properties"]
+        task_id = headers["id"]
+        args, kwargs, embed = json.loads(base64.b64decode(message["body"]))
+        known = (headers["task"] == name and headers["root_id"] == task_id
+                 and headers["parent_id"] is None and headers["argsrepr"] == repr((pk,))
+                 and properties["correlation_id"] == task_id
+                 and properties["body_encoding"] == "base64"
+                 and message["content-type"] == "application/json"
+                 and message["content-encoding"] == "utf-8"
+                 and args == [pk] and kwargs == {})
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not known:
+        return None
+    return _Template(os.getpid(), put.channel, put.key, message, embed)
