@@ -12,7 +12,9 @@ each, passed with ``daphne --fd``; the kernel spreads connections over them), wi
 bench-only ``P6_MIDDLEWARE=none``: no middleware, to see what its thread hops cost),
 ``tree=DIR`` (serve another checkout of the code, e.g. ``git archive HEAD`` unpacked, to
 compare code before and after a change in one run) and ``v0`` (``daphne -v 0``: no access log).
-The default is ``--setup 1 --setup 2``. Results: docs/benchmarks.md (P6).
+The default is ``--setup 1 --setup 2``. ``--pace MS`` has each connection wait MS between an
+answer and its next request: the latency of 16 clients that think between calls, at a rate
+below the server's most, instead of back to back at saturation. Results: docs/benchmarks.md (P6).
 
 Servers run as in production (docs/deploy.md): DEBUG off, a SECRET_KEY, HTTPS-only behind a
 proxy (``SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto``, which wrk sends), PostgreSQL
@@ -233,9 +235,12 @@ def _lua_table(headers: dict[str, str]) -> str:
     return "{" + ", ".join(f"[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items()) + "}"
 
 
-def write_scripts(folder: Path, submitter: str, viewer: str, codes: list[str]) -> dict[str, Path]:
+def write_scripts(folder: Path, submitter: str, viewer: str, codes: list[str],
+                  pace: float = 0) -> dict[str, Path]:
     """One wrk script per load. Submissions carry distinct idempotency keys (thread, counter
-    and a nonce per script run), as an agent that retries safely would send."""
+    and a nonce per script run), as an agent that retries safely would send. With ``pace``
+    (ms), each connection waits that long after an answer before its next request (wrk's
+    ``delay()``; wrk times a request from when it is sent)."""
     scripts = {
         "floor": f"""
 wrk.method = "GET"
@@ -269,7 +274,8 @@ request = function() return wrk.format("GET", "/api/runs/" .. codes[math.random(
     paths = {}
     for name, text in scripts.items():
         paths[name] = folder / f"{name}.lua"
-        paths[name].write_text(text + WRK_DONE)
+        paced = f"delay = function() return {pace:g} end\n" if pace else ""
+        paths[name].write_text(text + paced + WRK_DONE)
     return paths
 
 
@@ -370,8 +376,10 @@ def profile(setups: list[Setup], scripts: dict[str, Path], loads: list[str], fol
 
 def report(results: list[Result], setups: list[Setup], loads: list[str], rounds: int,
            args: argparse.Namespace) -> None:
-    print(f"\nP6: {args.connections} connections, wrk -t{args.threads}, {args.duration:g} s per "
-          f"load, {rounds} interleaved rounds; req/s, p50/p99 ms per round; medians")
+    paced = f", each waiting {args.pace:g} ms between requests" if args.pace else ""
+    print(f"\nP6: {args.connections} connections{paced}, wrk -t{args.threads}, "
+          f"{args.duration:g} s per load, {rounds} interleaved rounds; req/s, p50/p99 ms per "
+          "round; medians")
     for setup in setups:
         print(f"\nsetup {setup.spec} ({setup.processes} Daphne process"
               f"{'es' if setup.processes > 1 else ''})")
@@ -410,6 +418,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="seconds per load")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="wrk threads")
+    parser.add_argument("--pace", type=float, default=0, metavar="MS",
+                        help="each connection waits MS after an answer before its next request "
+                             "(the latency of clients that think between calls, at about "
+                             "connections x 1000 / (MS + latency) req/s); 0: back to back")
     parser.add_argument("--runs", type=int, default=64, help="runs with steps to read")
     parser.add_argument("--profile", type=Path, help="py-spy each load into this folder")
     parser.add_argument("--py-spy", default="py-spy")
@@ -433,7 +445,7 @@ def main() -> None:
     codes = make_runs(args.runs, "p6-submitter")
     flush_redis()
     folder = Path(tempfile.mkdtemp(prefix="p6-"))
-    scripts = write_scripts(folder, submitter, viewer, codes)
+    scripts = write_scripts(folder, submitter, viewer, codes, args.pace)
     try:
         for setup in setups:
             setup.start(folder)
