@@ -16,8 +16,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
 # Set Django up before importing anything that may import models (consumers, routing).
 django.setup(set_prefix=False)  # as get_asgi_application() does; the handler is ours:
 
+from stateguard_web import twisted_http  # noqa: E402
 from stateguard_web.threads import ReusedThreadsHandler  # noqa: E402
 
+twisted_http.install()  # Daphne's HTTP parse of a POST's Content-Type, remembered
 django_asgi_app = ReusedThreadsHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
