@@ -7,25 +7,31 @@ declaration), a twelfth of a submission, where the one Redis command it ends in 
 the message kombu handed Redis for it is kept (``broker.last_put``); each later run is queued
 as that message with its own task id, delivery tag and argument, by one LPUSH through the same
 channel's Redis client. The message is Celery's own (headers, properties, routing); only what
-differs between two ``delay()`` calls from one thread differs (tests/web/test_queueing.py
-compares them). Whatever this does not know goes through ``delay()``: a broker other than
-plain Redis, a message of another shape, a Redis error (kombu's retries and reconnection then
-apply: a message the error hid may then be there twice, which ``run_execute`` ignores), or a
-process forked since.
+differs between two ``delay()`` calls differs (tests/web/test_queueing.py compares them): the
+ids, the argument, and the thread's reply-to id. Whatever this does not know goes through
+``delay()``: a broker other than plain Redis, a message of another shape (an ``eta``,
+``expires`` or group, which would be frozen into every later message), a channel kombu has
+closed since (after a lost connection), an error while pushing (kombu's retries and
+reconnection then apply: a message the error hid may then be there twice, which
+``run_execute`` ignores), or a process forked since (it learns its own). Celery's
+``before_task_publish`` and ``after_task_publish`` signals are not sent for the runs queued
+here: nothing in this project listens to them; a listener added later would need this module
+to go.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from stateguard_web import broker
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["run_execute_queue"]
 
@@ -38,7 +44,15 @@ class _Template:
     message: dict[str, Any]
     embed: Any  # the body's third part: callbacks, errbacks, chain, chord
 
-    def push(self, pk: int) -> None:
+    @property
+    def usable(self) -> bool:
+        """Whether this process learnt it and kombu has not closed its channel since (it
+        does after a lost connection, and makes new ones)."""
+        channel = self.channel
+        return (self.pid == os.getpid() and not channel.closed
+                and channel.connection is not None)
+
+    def push(self, pk: int, reply_to: str) -> None:
         task_id = str(uuid.uuid4())
         message = self.message
         body = json.dumps([[pk], {}, self.embed]).encode()
@@ -48,7 +62,7 @@ class _Template:
             "headers": {**message["headers"], "id": task_id, "root_id": task_id,
                         "argsrepr": repr((pk,))},
             "properties": {**message["properties"], "correlation_id": task_id,
-                           "delivery_tag": str(uuid.uuid4())},
+                           "reply_to": reply_to, "delivery_tag": str(uuid.uuid4())},
         }
         with self.channel.conn_or_acquire() as client:
             client.lpush(self.key, json.dumps(queued))
@@ -60,18 +74,19 @@ _template: _Template | None = None
 def run_execute_queue(pk: int) -> None:
     """Queue the run ``pk`` for a worker, as ``tasks.run_execute.delay(pk)`` does."""
     global _template
-    template = _template
-    if template is not None and template.pid == os.getpid():
-        try:
-            template.push(pk)
-            return
-        except redis.RedisError:
-            _template = None
     from stateguard_web.sagas import tasks  # tasks imports services, which imports this
 
+    template = _template
+    if template is not None and template.usable:
+        try:
+            template.push(pk, tasks.run_execute.app.thread_oid)
+            return
+        except Exception:  # whatever it was, delay() knows what to do
+            logger.warning("queueing run %s by its template failed; through Celery", pk,
+                           exc_info=True)
+    _template = None
     tasks.run_execute.delay(pk)
-    if _template is None:
-        _template = _learn(broker.last_put(), tasks.run_execute.name, pk)
+    _template = _learn(broker.last_put(), tasks.run_execute.name, pk)
 
 
 def _learn(put: broker.Put | None, name: str, pk: int) -> _Template | None:
@@ -86,6 +101,9 @@ def _learn(put: broker.Put | None, name: str, pk: int) -> _Template | None:
         args, kwargs, embed = json.loads(base64.b64decode(message["body"]))
         known = (headers["task"] == name and headers["root_id"] == task_id
                  and headers["parent_id"] is None and headers["argsrepr"] == repr((pk,))
+                 and all(headers[field] is None for field in ("eta", "expires", "group",
+                                                               "shadow"))
+                 and not headers["stamps"]
                  and properties["correlation_id"] == task_id
                  and properties["body_encoding"] == "base64"
                  and message["content-type"] == "application/json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,59 @@ def test_it_learns_nothing_from_a_message_it_does_not_know(queue: redis.Redis) -
     put = broker.Put(None, "celery", {"headers": {"task": "other"}})  # type: ignore[arg-type]
     assert queueing._learn(put, tasks.run_execute.name, 7) is None
     assert queueing._learn(None, tasks.run_execute.name, 7) is None
+
+
+def test_it_learns_no_message_with_a_time_in_it(queue: redis.Redis,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """An expiry (or eta) is a time: frozen into a template, every later run would expire."""
+    monkeypatch.setattr(tasks.run_execute, "expires", 600)
+    monkeypatch.setattr(tasks.run_execute, "_exec_options", None)  # Celery's copy of them
+    queueing.run_execute_queue(7)
+    assert queueing._template is None
+    queueing.run_execute_queue(8)
+    first, second = messages(queue)
+    assert first["headers"]["expires"] != second["headers"]["expires"]  # each delay()'s own
+
+
+def test_a_channel_kombu_closed_is_not_used_again(queue: redis.Redis) -> None:
+    """After a lost connection kombu closes its channels (and makes new ones): the next run
+    goes through delay(), and a template is learnt anew on the new channel."""
+    queueing.run_execute_queue(7)
+    old = queueing._template
+    assert old is not None
+    old.channel.close()
+    queueing.run_execute_queue(8)
+    assert queueing._template is not None and queueing._template.channel is not old.channel
+    queueing.run_execute_queue(9)
+    assert [m["headers"]["argsrepr"] for m in messages(queue)] == ["(7,)", "(8,)", "(9,)"]
+
+
+def test_a_forked_process_learns_its_own(queue: redis.Redis,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    queueing.run_execute_queue(7)
+    inherited = queueing._template
+    assert inherited is not None
+    monkeypatch.setattr(queueing.os, "getpid", lambda: inherited.pid + 1)  # as in a child
+    queueing.run_execute_queue(8)
+    assert queueing._template is not None and queueing._template is not inherited
+    assert queueing._template.pid == inherited.pid + 1
+
+
+def test_each_thread_says_its_own_reply_to(queue: redis.Redis) -> None:
+    queueing.run_execute_queue(7)  # learnt on this thread
+    elsewhere: list[str] = []
+
+    def on_another_thread() -> None:
+        tasks.run_execute.delay(8)
+        queueing.run_execute_queue(9)
+        elsewhere.append(tasks.run_execute.app.thread_oid)
+
+    thread = threading.Thread(target=on_another_thread)
+    thread.start()
+    thread.join()
+    mine, celerys, templated = messages(queue)
+    assert celerys["properties"]["reply_to"] == templated["properties"]["reply_to"] == \
+        elsewhere[0] != mine["properties"]["reply_to"]
 
 
 def test_a_worker_runs_the_runs_queued_by_one_lpush(workers: Workers, sandbox: Path,
