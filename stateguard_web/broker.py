@@ -32,8 +32,15 @@ from kombu.transport import redis
 
 class Put(NamedTuple):
     channel: Channel
-    key: str  # the Redis list the message went to
+    queue: str
     message: dict[str, Any]  # as kombu made it, before its JSON encoding
+
+    @property
+    def key(self) -> str:
+        """The Redis list the message went to (kombu's, for its priority)."""
+        channel = self.channel
+        return str(channel._q_for_pri(self.queue, channel._get_message_priority(
+            self.message, reverse=False)))
 
 
 _puts = threading.local()
@@ -61,8 +68,7 @@ class Channel(redis.Channel):
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         plain = "_publish_batch" not in kwargs and not (self._expires and queue in self._expires)
         super()._put(queue, message, **kwargs)
-        _puts.last = Put(self, self._q_for_pri(queue, self._get_message_priority(
-            message, reverse=False)), message) if plain else None
+        _puts.last = Put(self, queue, message) if plain else None
 
 
 class Transport(redis.Transport):

@@ -1,15 +1,17 @@
-"""A submitted run queued for a worker by one Redis command.
+"""A task whose ``delay(pk)`` is one Redis command: ``run_execute``, which every submission
+queues (``@shared_task(base=QueuedByOneLpush)``).
 
-``tasks.run_execute.delay(pk)`` cost ~0.6-0.8 ms of CPU in the web process (Celery's routing
+Celery's ``delay(pk)`` cost ~0.6-0.8 ms of CPU in the web process (Celery's routing
 and options, its producer pool, kombu's publish with its retry wrapper and the queue's
 declaration), a twelfth of a submission, where the one Redis command it ends in (LPUSH) costs
-~0.1 ms (P6, docs/benchmarks.md). So a process's first submission is queued by ``delay()``, and
-the message kombu handed Redis for it is kept (``broker.last_put``); each later run is queued
-as that message with its own task id, delivery tag and argument, by one LPUSH through the same
-channel's Redis client. The message is Celery's own (headers, properties, routing); only what
-differs between two ``delay()`` calls differs (tests/web/test_queueing.py compares them): the
-ids, the argument, and the thread's reply-to id. Whatever this does not know goes through
-``delay()``: a broker other than plain Redis, a message of another shape (an ``eta``,
+~0.1 ms (P6, docs/benchmarks.md). So a process's first ``delay(pk)`` of the task goes through
+Celery, and the message kombu handed Redis for it is kept (``broker.last_put``); each later one
+is that message with its own task id, delivery tag and argument, pushed by one LPUSH through
+the same channel's Redis client. The message is Celery's own (headers, properties, routing);
+only what differs between two Celery publishes differs (tests/web/test_queueing.py compares
+them): the ids, the argument, and the thread's reply-to id. Whatever this does not know goes
+through Celery: a call with other arguments, ``apply_async`` with options (the sweeper's
+expiring messages), a broker other than plain Redis, a message of another shape (an ``eta``,
 ``expires`` or group, which would be frozen into every later message), a channel kombu has
 closed since (after a lost connection), an error while pushing (kombu's retries and
 reconnection then apply: a message the error hid may then be there twice, which
@@ -29,11 +31,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from celery.contrib.django.task import DjangoTask
+from celery.result import AsyncResult
+
 from stateguard_web import broker
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["run_execute_queue"]
+__all__ = ["QueuedByOneLpush"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,8 @@ class _Template:
         return (self.pid == os.getpid() and not channel.closed
                 and channel.connection is not None)
 
-    def push(self, pk: int, reply_to: str) -> None:
+    def push(self, pk: int, reply_to: str) -> str:
+        """Queue the message for ``pk``; its task id."""
         task_id = str(uuid.uuid4())
         message = self.message
         body = json.dumps([[pk], {}, self.embed]).encode()
@@ -66,32 +72,36 @@ class _Template:
         }
         with self.channel.conn_or_acquire() as client:
             client.lpush(self.key, json.dumps(queued))
+        return task_id
 
 
-_template: _Template | None = None
+class QueuedByOneLpush(DjangoTask):
+    """``delay(pk)``, an int alone, by one LPUSH once this process has learnt the message (see
+    the module); every other call, and ``apply_async``, as Celery does it."""
 
+    _template: _Template | None = None
 
-def run_execute_queue(pk: int) -> None:
-    """Queue the run ``pk`` for a worker, as ``tasks.run_execute.delay(pk)`` does."""
-    global _template
-    from stateguard_web.sagas import tasks  # tasks imports services, which imports this
-
-    template = _template
-    if template is not None and template.usable:
-        try:
-            template.push(pk, tasks.run_execute.app.thread_oid)
-            return
-        except Exception:  # whatever it was, delay() knows what to do
-            logger.warning("queueing run %s by its template failed; through Celery", pk,
-                           exc_info=True)
-    _template = None
-    tasks.run_execute.delay(pk)
-    _template = _learn(broker.last_put(), tasks.run_execute.name, pk)
+    def delay(self, *args: Any, **kwargs: Any) -> AsyncResult:
+        if kwargs or len(args) != 1 or type(args[0]) is not int:
+            return super().delay(*args, **kwargs)
+        (pk,) = args
+        template = self._template
+        if template is not None and template.usable:
+            try:
+                return self.AsyncResult(template.push(pk, self.app.thread_oid))
+            except Exception:  # whatever it was, Celery knows what to do
+                logger.warning("queueing %s(%s) by its template failed; through Celery",
+                               self.name, pk, exc_info=True)
+        self._template = None
+        result = self.apply_async((pk,))
+        self._template = _learn(broker.last_put(), self.name, pk)
+        return result
 
 
 def _learn(put: broker.Put | None, name: str, pk: int) -> _Template | None:
-    """A template from what ``delay(pk)`` handed Redis, if it is the message this module
-    knows how to fill in: else None (and every run goes through ``delay()``)."""
+    """A template from what Celery's publish of ``name(pk)`` handed Redis, if it is the
+    message this module knows how to fill in: else None (and every call goes through
+    Celery)."""
     if put is None:
         return None
     try:

@@ -6,7 +6,6 @@ operator did, and enqueues its Celery task only once that transaction has commit
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import uuid
@@ -20,7 +19,7 @@ from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
-from stateguard_web.sagas import events, queueing, runtime, submission, tasks
+from stateguard_web.sagas import events, runtime, submission, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 
@@ -135,7 +134,7 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
         run.replayed = True
         return run
     # Once the rows are committed: at once, or when the caller's transaction commits.
-    transaction.on_commit(functools.partial(queueing.run_execute_queue, run.pk))
+    tasks.run_execute.delay_on_commit(run.pk)
     events.publish_change(run.code, "run.submitted", agent=agent, status=run.status)
     return run
 

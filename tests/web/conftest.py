@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +164,15 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}\n{logs()[-6000:]}")
         time.sleep(0.1)
+
+
+@pytest.fixture
+def queue() -> Iterator[Any]:
+    """The broker's default queue (a Redis list), empty before and after."""
+    import redis
+    from django.conf import settings
+
+    r = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    r.delete("celery")
+    yield r
+    r.delete("celery")

@@ -10,10 +10,9 @@ from __future__ import annotations
 import inspect
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 import redis
 from django.conf import settings
 from kombu.transport import redis as kombu_redis
@@ -31,14 +30,6 @@ def on_new_threads(*calls: Callable[[], Any]) -> list[Any]:
         thread.start()
         thread.join()
     return results
-
-
-@pytest.fixture
-def queue() -> Iterator[redis.Redis]:
-    r = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    r.delete("celery")
-    yield r
-    r.delete("celery")
 
 
 def test_it_gives_celery_every_celery_setting() -> None:

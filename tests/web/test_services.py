@@ -14,15 +14,14 @@ from django.core.management import CommandError, call_command
 from django.test import TestCase
 from django.utils import timezone
 
-from stateguard_web.sagas import queueing, services
+from stateguard_web.sagas import services
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 
 
 def after_commit(callbacks: list[Callable[[], Any]]) -> list[str]:
     """What a service left for after its commit: a task's name, or "live update" (the
     dashboard's, sagas.events.publish_change)."""
-    return [("run_execute" if c.func is queueing.run_execute_queue
-             else c.func.__self__.name.rsplit(".", 1)[-1]) if isinstance(c, functools.partial)
+    return [c.func.__self__.name.rsplit(".", 1)[-1] if isinstance(c, functools.partial)
             else "live update" for c in callbacks]
 
 
