@@ -74,6 +74,10 @@ def variants(tmp: Path) -> dict[str, Callable[[dict[str, Any], dict[str, Any]], 
     # The same guarded graph without the runner (no lease, run status or final check): the
     # wrappers' share of the cost inside a real graph.
     out["guarded InMemorySaver, wrappers only"] = lambda i, c: guarded_mem.invoke(i, _no_runner(c))
+    d = StateGuardCheckpointer(InMemorySaver(), **guard_kwargs())
+    dropin_mem = builder().compile(checkpointer=d)
+    # The drop-in form: the same wrappers, plus the lease and the turn's end at the loop's exit.
+    out["drop-in InMemorySaver"] = lambda i, c: dropin_mem.invoke(i, c, durability="sync")
 
     def sqlite_saver(name: str) -> SqliteSaver:
         return SqliteSaver(sqlite3.connect(tmp / name, check_same_thread=False))
@@ -93,11 +97,9 @@ def variants(tmp: Path) -> dict[str, Callable[[dict[str, Any], dict[str, Any]], 
 def wrapper_cost(calls: int = 20000) -> float:
     """Seconds the node wrapper adds per call, measured on one node outside the graph loop:
     the wrapped node against the same node unwrapped, same config, interleaved."""
-    from stateguard.instrument import instrument
-
-    plain = builder()
-    guarded = instrument(plain, StateGuardCheckpointer(**guard_kwargs()).core)
-    inner, outer = plain.nodes["n0"].runnable, guarded.nodes["n0"].runnable
+    plain = builder().compile()
+    guarded = StateGuardCheckpointer(**guard_kwargs()).compile(builder())
+    inner, outer = plain.nodes["n0"].bound, guarded.nodes["n0"].bound
     best = {"inner": float("inf"), "outer": float("inf")}
     for round_ in range(5):
         for name, node in (("inner", inner), ("outer", outer)):

@@ -8,7 +8,6 @@ retried and idempotent. ``GuardedState`` does the same for plain Python code.
 
 from stateguard.checkpointer import StateGuardCheckpointer
 from stateguard.context import ExceptionContext, InvariantInfo
-from stateguard.dropin import StateGuardWarning
 from stateguard.effects import Effect, EffectLedger, EffectRecord, EffectStatus, record_effect
 from stateguard.events import Event
 from stateguard.exceptions import (
@@ -70,7 +69,6 @@ __all__ = [
     "SqliteJournal",
     "StateGuardCheckpointer",
     "StateGuardError",
-    "StateGuardWarning",
     "StepStatus",
     "ToolCall",
     "ToolCallFailed",

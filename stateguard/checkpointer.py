@@ -16,20 +16,22 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.memory import InMemorySaver
 
+from stateguard.blame import from_the_store
 from stateguard.core import GuardCore
-from stateguard.dropin import DropInObserver
 from stateguard.events import EventCallback
 from stateguard.exceptions import ConfigurationError
 from stateguard.journal import Journal, PurgingJournal
+from stateguard.operator_actions import GuardOperations
+from stateguard.plain_runs import PlainRuns
 from stateguard.retry import CompensationRetry
-from stateguard.runner import GuardRunner, OnError
+from stateguard.runner import OnError
 from stateguard.tool_policy import OnToolError
 
 
-class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
+class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
     """Wraps any LangGraph checkpoint saver and adds invariants, compensations and approvals.
 
-    Drop-in (observes through the checkpointer; see ``stateguard.dropin`` for what holds)::
+    Drop-in: compile with it and invoke the graph as usual (``stateguard.plain_runs``)::
 
         checkpointer = StateGuardCheckpointer(
             invariants=[no_negative_balance],
@@ -38,11 +40,13 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         graph = builder.compile(checkpointer=checkpointer)
         graph.invoke({...}, {"configurable": {"thread_id": "t1"}})
 
-    Guarded (enforces in every durability mode; what the web app uses)::
+    Both forms wrap every node of the graph in the same way (``stateguard.instrument``); the
+    guard's runner adds what a plain invoke cannot return (``SagaAborted`` with the report, a
+    refusal instead of an output)::
 
-        graph = checkpointer.compile(builder)
+        graph = checkpointer.compile(builder)      # the same as builder.compile(...), wrapped now
         checkpointer.invoke(graph, {...}, {"configurable": {"thread_id": "t1"}})
-        checkpointer.approve(graph, config, by="alice")
+        checkpointer.approve(graph, config, by="alice")   # operator actions work on either
 
     ``on_error`` says what a node's exception does to a guarded run: ``"compensate"`` unwinds
     it, ``"hold"`` keeps it ``failed`` for an operator to retry or compensate, and a function
@@ -83,7 +87,7 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
                               journal=journal, on_event=on_event, lease_ttl=lease_ttl,
                               lease_heartbeat=lease_heartbeat, on_tool_error=on_tool_error)
         self.on_error = on_error
-        self._observer = DropInObserver(self.core)
+        self._plain_runs = PlainRuns(self)
 
     @property
     def journal(self) -> Journal:
@@ -95,8 +99,9 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
         return list(self.saver.config_specs)
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        saved = self.saver.get_tuple(config)
-        self._observer.on_run_start(config, saved)
+        with from_the_store():
+            saved = self.saver.get_tuple(config)
+        self._plain_runs.on_get_tuple(config, saved)
         return saved
 
     def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -106,42 +111,21 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        if self._observer.mode(config) is None:
+        with from_the_store():
             return self.saver.put(config, checkpoint, metadata, new_versions)
-        run_id = str(config["configurable"]["thread_id"])
-        self._observer.before_put(config, checkpoint, metadata)
-        with self._observer.tracking(run_id):
-            saved = self.saver.put(config, checkpoint, metadata, new_versions)
-            unwind = self._observer.after_put(config, checkpoint, metadata)
-            if unwind is not None:
-                self._observer.settle(unwind)
-                if unwind.error is not None:
-                    raise unwind.error
-        return saved
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                    task_id: str, task_path: str = "") -> None:
-        if self._observer.mode(config) is None:
+        with from_the_store():
             self.saver.put_writes(config, writes, task_id, task_path)
-            return
-        run_id = str(config["configurable"]["thread_id"])
-        # In the order LangGraph committed the tasks, not the order its pool runs these calls;
-        # outside tracking(): a call waiting its turn is not one an unwind waits for.
-        self._observer.wait_turn(run_id, task_id)
-        with self._observer.tracking(run_id):
-            self.saver.put_writes(config, writes, task_id, task_path)
-            unwind = self._observer.after_put_writes(config, writes, task_id, task_path)
-            if unwind is not None:
-                self._observer.settle(unwind)
 
     def delete_thread(self, thread_id: str) -> None:
-        """Delete the thread's checkpoints and forget its run: the journal's record (when the
-        journal can forget one: ``PurgingJournal``) and what the drop-in observer holds."""
+        """Delete the thread's checkpoints and forget its run in the journal (when the journal
+        can forget one: ``PurgingJournal``)."""
         self.saver.delete_thread(thread_id)
         self._forget(str(thread_id))
 
     def _forget(self, run_id: str) -> None:
-        self._observer.forget(run_id)
         if isinstance(self.core.journal, PurgingJournal):
             self.core.journal.run_purge(run_id)
 
@@ -158,8 +142,9 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
 
     # -- delegation, async ------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        saved = await self.saver.aget_tuple(config)
-        self._observer.on_run_start(config, saved)
+        with from_the_store():
+            saved = await self.saver.aget_tuple(config)
+        self._plain_runs.on_get_tuple(config, saved)
         return saved
 
     async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
@@ -171,33 +156,13 @@ class StateGuardCheckpointer(GuardRunner, BaseCheckpointSaver[Any]):
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint,
                    metadata: CheckpointMetadata, new_versions: ChannelVersions
                    ) -> RunnableConfig:
-        if self._observer.mode(config) is None:
+        with from_the_store():
             return await self.saver.aput(config, checkpoint, metadata, new_versions)
-        run_id = str(config["configurable"]["thread_id"])
-        self._observer.before_put(config, checkpoint, metadata)
-        with self._observer.tracking(run_id):
-            saved = await self.saver.aput(config, checkpoint, metadata, new_versions)
-            unwind = await asyncio.to_thread(self._observer.after_put, config, checkpoint,
-                                             metadata)
-            if unwind is not None:
-                await self._observer.asettle(unwind)  # async compensations on this loop
-                if unwind.error is not None:
-                    raise unwind.error
-        return saved
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]],
                           task_id: str, task_path: str = "") -> None:
-        if self._observer.mode(config) is None:
+        with from_the_store():
             await self.saver.aput_writes(config, writes, task_id, task_path)
-            return
-        run_id = str(config["configurable"]["thread_id"])
-        await self._observer.await_turn(run_id, task_id)  # see put_writes
-        with self._observer.tracking(run_id):
-            await self.saver.aput_writes(config, writes, task_id, task_path)
-            unwind = await asyncio.to_thread(self._observer.after_put_writes, config, writes,
-                                             task_id, task_path)
-            if unwind is not None:
-                await self._observer.asettle(unwind)  # async compensations on this loop
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self.saver.adelete_thread(thread_id)

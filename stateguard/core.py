@@ -177,10 +177,10 @@ class GuardCore:
                       on_event=self.on_event, check=lambda: self.check_lease(run_id), only=only)
 
     async def aunwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
-                      triggered_by: str = "automatic", fallback_state: Any = None
-                      ) -> UnwindReport:
+                      triggered_by: str = "automatic", fallback_state: Any = None,
+                      only: str | None = None) -> UnwindReport:
         self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
         return await aunwind(self.journal, run_id, self.spec, cause,
                              include_in_doubt=include_in_doubt, triggered_by=triggered_by,
                              fallback_state=fallback_state, on_event=self.on_event,
-                             check=lambda: self.check_lease(run_id))
+                             check=lambda: self.check_lease(run_id), only=only)

@@ -132,8 +132,8 @@ def recording(journal: Any, run_id: str, step_id: str, node: str) -> Iterator[No
 
 def record_effect(effect: Effect) -> EffectRecord:
     """Record ``effect`` in the journal, with the run and the step (or compensation) that is
-    running now. Called from a node (guarded or drop-in) or a compensation."""
-    scope = _scope.get() or _drop_in_scope()
+    running now. Called from a node, a tool call or a compensation that StateGuard runs."""
+    scope = _scope.get()
     if scope is None:
         raise ConfigurationError("record_effect() records what a step did: call it from a node "
                                  "or a compensation that StateGuard runs")
@@ -145,22 +145,3 @@ def record_effect(effect: Effect) -> EffectRecord:
     return scope.ledger.effect_record(EffectRecord(scope.run_id, scope.step_id, scope.node,
                                                    effect))
 
-
-def _drop_in_scope() -> _Scope | None:
-    """In the drop-in form no wrapper runs around the node: its step is the LangGraph task
-    that is running, and the guard is the graph's checkpointer."""
-    from langgraph.config import get_config
-
-    from stateguard.checkpointer import StateGuardCheckpointer
-
-    try:
-        config = get_config()
-    except RuntimeError:  # not inside a LangGraph node
-        return None
-    conf = config.get("configurable", {})
-    guard = conf.get("__pregel_checkpointer")
-    task_id = conf.get("__pregel_task_id")
-    if not isinstance(guard, StateGuardCheckpointer) or not task_id:
-        return None
-    node = str(config.get("metadata", {}).get("langgraph_node", ""))
-    return _Scope(guard.journal, str(conf.get("thread_id")), str(task_id), node)

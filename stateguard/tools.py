@@ -28,11 +28,12 @@ an effect, or the run already has an effect to undo: never a silent success over
 booking failed. ``ToolNode`` turns any exception its wrapper raises into a message too, so the
 node is failed by a wrapper around its body instead.
 
-LangGraph internals relied on (checked by tests/core/test_tool_internals.py against the pinned
-langgraph 1.2.24 / langgraph-prebuilt 1.1.3): the ``ToolNode`` attributes holding the
-constructor's ``wrap_tool_call``/``awrap_tool_call`` (``_wrap_tool_call``/``_awrap_tool_call``)
-and its body (``func``/``afunc``, as in every ``RunnableCallable``), set on the graph's own
-``ToolNode`` objects; and the config keys ``__pregel_checkpointer`` and ``__pregel_task_id``.
+LangGraph internals relied on (docs/internals.md; tests/core/test_langgraph_internals.py checks
+them against the pinned langgraph 1.2 / langgraph-prebuilt 1.1): the ``ToolNode`` attributes
+holding the constructor's ``wrap_tool_call``/``awrap_tool_call`` (``_wrap_tool_call``/
+``_awrap_tool_call``) and its body (``func``/``afunc``, as in every ``RunnableCallable``), set
+on the graph's own ``ToolNode`` objects; and the config keys ``__pregel_checkpointer`` and
+``__pregel_task_id``.
 """
 
 from __future__ import annotations
@@ -48,10 +49,12 @@ from langchain_core.messages import ToolMessage
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
 
+from stateguard.approvals import approval_gate
+from stateguard.blame import NODE_ATTR, bubbled_up
+from stateguard.core import GuardCore
 from stateguard.effects import EffectLedger, recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
-from stateguard.instrument import NODE_ATTR, approval_gate, bubbled_up
 from stateguard.journal import find_step, turn_steps
 from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
@@ -59,8 +62,6 @@ from stateguard.tool_calls import TOOL_TAG, ToolCall
 
 if TYPE_CHECKING:
     from langgraph.prebuilt.tool_node import ToolCallRequest
-
-    from stateguard.core import GuardCore
 
 _STEP_ID_MAX = 200  # what the journals store (the web app's step_id column)
 _INSTALLED = "_stateguard_tool_guard"
@@ -199,8 +200,6 @@ class _ToolCallGuard:
     def _begin(request: ToolCallRequest) -> _Call | None:
         """The call, if it runs in a guarded run (at the top level: a subgraph's state is not
         the run's), after its approval gate; ``None`` to stand aside."""
-        from stateguard.core import GuardCore
-
         runtime = getattr(request, "runtime", None)
         config = getattr(runtime, "config", None) or {}
         conf = config.get("configurable", {})

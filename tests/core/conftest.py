@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sqlite3
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,14 +12,6 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from stateguard import InMemoryJournal, SqliteJournal
-
-
-@pytest.fixture
-def quiet() -> Iterator[None]:
-    """Silences the drop-in form's warning about its durability mode."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 @pytest.fixture(params=["memory", "sqlite"])

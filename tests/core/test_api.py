@@ -14,7 +14,7 @@ EXPECTED = {
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "RunLocked", "RunNotFound", "RunStatus", "RunView", "SagaAborted", "SqliteJournal",
-    "StateGuardCheckpointer", "StateGuardError", "StateGuardWarning", "StepStatus",
+    "StateGuardCheckpointer", "StateGuardError", "StepStatus",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from langgraph.checkpoint.memory import InMemorySaver
 
 from stateguard import (
     Compensation,
@@ -116,4 +117,5 @@ def test_it_refuses_operator_actions_that_do_not_fit_the_run() -> None:
     with pytest.raises(ConfigurationError, match="thread_id"):
         guard.invoke(graph, {}, {"configurable": {}})
     with pytest.raises(ConfigurationError, match=r"guard\.compile"):
-        guard.invoke(line_builder(NODES, effects).compile(checkpointer=guard), {}, config("y"))
+        guard.invoke(line_builder(NODES, effects).compile(checkpointer=InMemorySaver()), {},
+                     config("y"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,7 +9,7 @@ import pytest
 import stripe
 
 from agents.checkout import BookingFailed, checkout_builder, checkout_guard_kwargs
-from stateguard import InvalidRunState, SagaAborted, StateGuardCheckpointer, StateGuardWarning
+from stateguard import InvalidRunState, SagaAborted, StateGuardCheckpointer
 from tests.core.lossy_relay import LossyRelay
 
 ORDER = {"email": "alice@example.com", "amount": 4200, "currency": "usd", "fail_booking": True}
@@ -41,10 +40,8 @@ def test_it_refunds_the_charge_exactly_once_in_the_drop_in_form(
     )
     graph = checkout_builder(stripe_client).compile(checkpointer=checkpointer)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", StateGuardWarning)
-        with pytest.raises(BookingFailed) as caught:
-            graph.invoke(ORDER, {"configurable": {"thread_id": "checkout-1"}})
+    with pytest.raises(BookingFailed) as caught:
+        graph.invoke(ORDER, {"configurable": {"thread_id": "checkout-1"}})
 
     state = graph.get_state({"configurable": {"thread_id": "checkout-1"}}).values
     charge = stripe_client.v1.charges.retrieve(state["charge_id"])

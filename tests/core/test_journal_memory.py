@@ -21,8 +21,6 @@ from stateguard import (
 )
 from tests.core.support import FAST_RETRY, config, line_builder, undo
 
-pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
-
 NODES = ["charge", "ship"]
 
 
@@ -31,7 +29,7 @@ def charge_recording(state: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def test_it_forgets_a_deleted_threads_run_in_the_journal_and_the_observer(
+def test_it_forgets_a_deleted_threads_run_in_the_journal(
         stores: dict[str, Any]) -> None:
     effects: list[str] = []
     guard = StateGuardCheckpointer(stores["saver"], journal=stores["journal"],
@@ -51,7 +49,6 @@ def test_it_forgets_a_deleted_threads_run_in_the_journal_and_the_observer(
     assert graph.get_state(config("gone")).values == {}
     assert guard.status("kept").run.status == RunStatus.SUCCEEDED  # other threads untouched
     assert [e.effect.external_id for e in guard.status("kept").effects] == ["pi_ok"]
-    assert guard._observer._runs == {}
     # The thread starts afresh: a new saga, nothing of the old one left to undo.
     effects.clear()
     with pytest.raises(ValueError):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import operator
-import warnings
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -18,6 +17,7 @@ from stateguard import (
     ConfigurationError,
     GuardedState,
     InvalidRunState,
+    RunStatus,
     SagaAborted,
     StateGuardCheckpointer,
     StepStatus,
@@ -37,13 +37,35 @@ def test_it_keeps_the_gate_closed_when_resumed_with_a_command() -> None:
     graph = guard.compile(line_builder(NODES, effects))
     guard.invoke(graph, {}, config("cmd"))
 
-    with pytest.raises(ConfigurationError, match="approve"):
-        guard.invoke(graph, Command(resume=True), config("cmd"))
-    out = graph.invoke(Command(resume=True), config("cmd"))  # around the guard entirely
-    assert "__interrupt__" in out and effects == ["a", "b"]
+    for _ in range(2):  # through the runner, and around it: refused before any node runs
+        with pytest.raises(InvalidRunState, match="approve"):
+            guard.invoke(graph, Command(resume=True), config("cmd"))
+        with pytest.raises(InvalidRunState, match="approve"):
+            graph.invoke(Command(resume=True), config("cmd"))
+    assert effects == ["a", "b"]
     assert guard.status("cmd").approvals[0].status == ApprovalStatus.PENDING
 
     guard.approve(graph, config("cmd"), by="alice")
+    assert effects == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("resumes", [1, 2, 3])
+def test_it_pauses_again_however_many_resume_values_reach_the_gate(
+        resumes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Were a resume value to slip past the refusal, the gate itself still asks the journal
+    # after each one: LangGraph hands the n-th value to the n-th interrupt() of the task.
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(approvals=["c"])
+    monkeypatch.setattr(guard, "refuse_gated_resume", lambda run_id, paused: None)
+    graph = guard.compile(line_builder(NODES, effects))
+    graph.invoke({}, config("slip"))
+    for _ in range(resumes):
+        out = graph.invoke(Command(resume=True), config("slip"))
+        assert "__interrupt__" in out
+    assert effects == ["a", "b"]
+    assert guard.status("slip").run.status == RunStatus.PAUSED
+    assert guard.status("slip").approvals[0].status == ApprovalStatus.PENDING
+    guard.approve(graph, config("slip"), by="alice")
     assert effects == ["a", "b", "c"]
 
 
@@ -109,12 +131,10 @@ def test_it_refuses_to_continue_a_drop_in_thread_that_needs_attention() -> None:
     guard = StateGuardCheckpointer(compensations={"a": refund_down},
                                    compensation_retry=CompensationRetry(attempts=1))
     graph = line_builder(NODES, effects).compile(checkpointer=guard)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(ValueError):
-            graph.invoke({"fail_at": "c"}, config("dropin-again"))
-        with pytest.raises(InvalidRunState, match="needs_attention"):
-            graph.invoke(None, config("dropin-again"))
+    with pytest.raises(ValueError):
+        graph.invoke({"fail_at": "c"}, config("dropin-again"))
+    with pytest.raises(InvalidRunState, match="needs_attention"):
+        graph.invoke(None, config("dropin-again"))
     assert effects == ["a", "b"]
     graph.get_state(config("dropin-again"))  # reading the state is still fine
 
@@ -135,11 +155,9 @@ def test_it_keeps_each_drop_in_graphs_tags_apart() -> None:
     plain.add_edge(START, "money")
     guard = StateGuardCheckpointer(compensations={"money": undo(effects, "money")})
     g1, g2 = tagged.compile(checkpointer=guard), plain.compile(checkpointer=guard)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        g2.invoke({}, config("plain-1"))
-        with pytest.raises(ValueError):
-            g1.invoke({}, config("tagged-1"))
+    g2.invoke({}, config("plain-1"))
+    with pytest.raises(ValueError):
+        g1.invoke({}, config("tagged-1"))
     assert effects == ["pay", "undo:money"]
 
 

@@ -7,6 +7,7 @@ import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -14,8 +15,9 @@ from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.types import Command, interrupt
 
-from stateguard import RunStatus, SagaAborted, StateGuardCheckpointer
+from stateguard import InvalidRunState, RunStatus, SagaAborted, StateGuardCheckpointer
 from tests.core.support import config, line_builder, undo
 
 NODES = ["a", "b", "c"]
@@ -88,3 +90,38 @@ async def test_it_observes_a_drop_in_ainvoke_with_an_async_postgres_saver(pg_dsn
             await graph.ainvoke({"fail_at": "c"}, config("apg"), durability="sync")
         assert effects == ["a", "b", "undo:b", "undo:a"]
         assert caught.value.stateguard_report.compensated == ["b", "a"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("form", ["runner", "plain"])
+async def test_it_resumes_and_decides_gates_on_an_async_only_saver(tmp_path: Path,
+                                                                    form: str) -> None:
+    # An async saver has no sync reads (they would block its own event loop): every step of a
+    # resume and of each operator action reads through the async API.
+    effects: list[str] = []
+
+    def ask(state: dict[str, Any]) -> dict[str, Any]:
+        return {"log": [f"ask:{interrupt('go on?')}"]}
+
+    builder = line_builder(["a", "b"], effects)
+    builder.add_node("ask", ask)
+    builder.edges.discard(("a", "b"))
+    builder.add_edge("a", "ask")
+    builder.add_edge("ask", "b")
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "cp.db")) as saver:
+        guard = StateGuardCheckpointer(saver, approvals=["b"],
+                                       compensations={"a": undo(effects, "a")})
+        graph = guard.compile(builder)
+
+        async def call(input: Any) -> Any:
+            if form == "runner":
+                return await guard.ainvoke(graph, input, config("g"))
+            return await graph.ainvoke(input, config("g"))
+
+        assert "__interrupt__" in await call({})  # the graph's own interrupt()
+        assert "__interrupt__" in await call(Command(resume="yes"))  # now the gate of b
+        with pytest.raises(InvalidRunState, match="approve"):
+            await call(Command(resume=True))
+        await guard.aapprove(graph, config("g"), by="alice")
+        assert effects == ["a", "b"]
+        report = await guard.acompensate(graph, config("g"))
+        assert report.compensated == ["a"] and effects == ["a", "b", "undo:a"]

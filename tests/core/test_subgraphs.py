@@ -19,8 +19,6 @@ from stateguard import (
 )
 from tests.core.support import FAST_RETRY, LineState, config
 
-pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
-
 
 def outer_builder(effects: list[str], fail_inside: bool) -> StateGraph[Any, Any, Any, Any]:
     """``checkout`` is a subgraph: ``charge`` (an effect), then ``book`` (raises if told);

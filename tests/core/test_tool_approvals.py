@@ -1,16 +1,18 @@
 """Approvals keyed by a tool's name gate one call, before it runs, with its arguments as the
-payload (the guarded form: approvals need the runner)."""
+payload, in both forms; only approve/reject decide one."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.types import Command
 
-from stateguard import ApprovalStatus, RunStatus, StateGuardCheckpointer
+from stateguard import ApprovalStatus, InvalidRunState, RunStatus, StateGuardCheckpointer
 from tests.core.agent_support import SHAPES, Shape, Travel, agent, ask, go, say
-from tests.core.support import FAST_RETRY, config
+from tests.core.support import FAST_RETRY, config, line_builder
 from tests.core.tool_forms import saver_for
 
 
@@ -102,3 +104,78 @@ def test_it_gates_the_calls_of_a_tool_by_its_tag() -> None:
 
     guard.approve(graph, config("tagged"), by="alice")
     assert world.seats == ["3C"]
+
+
+def resume_by_hand(way: str, guard: StateGuardCheckpointer, graph: Any, thread: str) -> None:
+    """Send ``Command(resume=True)`` to a paused run, one of the ways a caller can."""
+    command, cfg = Command(resume=True), config(thread)
+    if way == "runner":
+        guard.invoke(graph, command, cfg)
+    elif way == "invoke":
+        graph.invoke(command, cfg)
+    elif way == "stream":
+        list(graph.stream(command, cfg))
+    elif way == "ainvoke":
+        asyncio.run(graph.ainvoke(command, cfg))
+    else:
+        async def drain() -> None:
+            async for _ in graph.astream(command, cfg):
+                pass
+        asyncio.run(drain())
+
+
+@pytest.mark.parametrize("way", ["runner", "invoke", "stream", "ainvoke", "astream"])
+@pytest.mark.parametrize("form", ["dropin", "guarded"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_opens_a_tool_gate_only_by_approve_however_it_is_resumed(
+        shape: Shape, form: str, way: str) -> None:
+    world = Travel()
+    guard = gated(world)
+    graph = (agent(shape, world, script(), checkpointer=guard) if form == "dropin"
+             else guard.compile(agent(shape, world, script())))
+    graph.invoke(go(), config("gate"))
+
+    for _ in range(2):  # a second resume used to run the charge
+        with pytest.raises(InvalidRunState, match="approve"):
+            resume_by_hand(way, guard, graph, "gate")
+
+    assert world.charges == []
+    view = guard.status("gate")
+    assert view.run.status == RunStatus.PAUSED
+    assert [a.status for a in view.approvals] == [ApprovalStatus.PENDING]
+    guard.approve(graph, config("gate"), by="alice")
+    assert [amount for _, amount in world.charges] == [150_00]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_it_pauses_a_tool_gate_again_for_resume_values_that_slip_past_the_refusal(
+        shape: Shape, monkeypatch: pytest.MonkeyPatch) -> None:
+    world = Travel()
+    guard = gated(world)
+    monkeypatch.setattr(guard, "refuse_gated_resume", lambda run_id, paused: None)
+    graph = guard.compile(agent(shape, world, script()))
+    graph.invoke(go(), config("slip"))
+    for _ in range(3):
+        assert "__interrupt__" in graph.invoke(Command(resume=True), config("slip"))
+    assert world.charges == []
+    assert guard.status("slip").approvals[0].status == ApprovalStatus.PENDING
+
+
+@pytest.mark.parametrize("way", ["runner", "invoke", "stream", "ainvoke", "astream"])
+@pytest.mark.parametrize("form", ["dropin", "guarded"])
+def test_it_opens_a_node_gate_only_by_approve_however_it_is_resumed(form: str,
+                                                                      way: str) -> None:
+    effects: list[str] = []
+    guard = StateGuardCheckpointer(approvals=["charge"])
+    builder = line_builder(["reserve", "charge"], effects)
+    graph = (builder.compile(checkpointer=guard) if form == "dropin"
+             else guard.compile(builder))
+    graph.invoke({}, config("gate"))
+
+    for _ in range(2):
+        with pytest.raises(InvalidRunState, match="approve"):
+            resume_by_hand(way, guard, graph, "gate")
+
+    assert effects == ["reserve"]
+    guard.approve(graph, config("gate"), by="alice")
+    assert effects == ["reserve", "charge"]

@@ -23,6 +23,7 @@ from stateguard import (
     StateGuardCheckpointer,
     StepStatus,
 )
+from stateguard.runner import runner_config
 from stateguard_web.sagas import runtime
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
@@ -77,7 +78,8 @@ def test_it_marks_a_run_running_with_its_first_checkpoint() -> None:
 
     guard = StateGuardCheckpointer(saver, journal=journal)
     graph = guard.compile(line_builder(["a"], []))
-    graph.invoke({}, config(code), durability="sync")  # the instrumented graph, unguarded
+    # What the runner does under w1's lease: the graph invoked with the runner's config
+    graph.invoke({}, runner_config(config(code)), durability="sync")
     assert Run.objects.get(code=code).status == Run.Status.RUNNING
 
 

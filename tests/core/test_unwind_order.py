@@ -1,6 +1,7 @@
-"""Order and completeness of the drop-in form's unwind (issue 12, items 9-12): LangGraph hands
-the saver's put_writes to a thread pool, where a call may overtake an earlier one, and a
-sibling may still be running when another branch raised."""
+"""Order and completeness of the unwind under load, in the drop-in form: LangGraph hands the
+saver's writes to a thread pool, where a call may overtake an earlier one, and a sibling may still
+be running when another branch raised. The wrappers journal each step as its body returns, and the
+unwind waits for LangGraph's loop to finish every task, so neither changes what is undone."""
 
 from __future__ import annotations
 
@@ -32,8 +33,6 @@ from stateguard import (
 )
 from tests.core.support import FAST_RETRY, LineState, config
 from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
-
-pytestmark = pytest.mark.usefixtures("quiet")  # the drop-in's durability warning
 
 RUNS_UNDER_LOAD = 200
 THREADS, ROUNDS = 20, 30  # PostgreSQL; SQLite serialises its writers, so fewer rounds there

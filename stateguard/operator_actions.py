@@ -1,0 +1,362 @@
+"""What an operator (or a recovery worker) does to a run: approve or reject its gate, retry it,
+compensate it, retry one compensation, resolve it by hand, recover it after a crash.
+
+Each takes the run's lease and checks the action against the run's status under it
+(``stateguard.lifecycle``), so a run settled by someone else meanwhile is refused
+(``InvalidRunState``), never overwritten. They work on any graph whose checkpointer is the guard,
+whichever form compiled it. Each has an async twin (``aapprove``, ``areject``...) for callers on
+an event loop, whose saver may be async only; ``recover`` is sync (recovery workers are).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.pregel import Pregel
+
+from stateguard.conversation import aanswer_tool_calls, answer_tool_calls
+from stateguard.events import Event, emit
+from stateguard.exceptions import ApprovalRejected, ConfigurationError, InvalidRunState
+from stateguard.instrument import node_tags
+from stateguard.lifecycle import Action, check
+from stateguard.records import (
+    ApprovalRecord,
+    ApprovalStatus,
+    CompensationStatus,
+    RunStatus,
+    StepRecord,
+    StepStatus,
+)
+from stateguard.report import UnwindReport
+from stateguard.runner import (
+    GuardRunner,
+    paused_tasks,
+    run_id_of,
+    runner_config,
+    task_of,
+    values_of,
+)
+from stateguard.state import state_values
+from stateguard.unwind import Cause
+
+Graph = Pregel[Any, Any, Any, Any]
+
+
+def _ran(task: Any) -> bool:
+    """Whether a task of a checkpoint ran: LangGraph saved its writes, with no error and no
+    interrupt (a task with writes has a result, ``{}`` when it wrote nothing to the state)."""
+    return task.result is not None and task.error is None and not task.interrupts
+
+
+class GuardOperations(GuardRunner):
+    # -- approvals --------------------------------------------------------------------------
+    def _approval(self, paused: set[str], run_id: str, node: str | None, step_id: str | None,
+                  decision: ApprovalStatus, by: str | None, reason: str) -> ApprovalRecord:
+        """The approval to carry ``decision`` out on, decided now if it was pending; ``paused``
+        holds the ids of the tasks the run's last checkpoint waits on.
+
+        It may have been decided already, by whoever took the decision (the web app decides in
+        its request, atomically, and leaves the resuming to a worker): then it is carried out
+        as decided, and a different decision is refused."""
+        matching = [a for a in self.core.journal.approvals(run_id)
+                    if task_of(a.step_id) in paused and node in (None, a.node)
+                    and step_id in (None, a.step_id)]
+        what = f" for node {node!r}" if node else ""
+        pending = [a for a in matching if a.status == ApprovalStatus.PENDING]
+        if len(pending) > 1:
+            raise InvalidRunState(f"run {run_id!r} has {len(pending)} pending approvals{what}; "
+                                  "name the step_id")
+        if pending:
+            approval = pending[0]
+            if not self.core.journal.approval_decide(run_id, approval.step_id, decision,
+                                                     by=by, reason=reason):
+                raise InvalidRunState(f"approval of {approval.node!r} was already decided")
+            emit(self.core.on_event, Event("approval.decided", run_id, approval.node,
+                                           approval.step_id,
+                                           {"decision": str(decision), "by": by}))
+            return approval
+        decided = [a for a in matching if step_id is not None and a.step_id == step_id]
+        if not decided:
+            raise InvalidRunState(f"run {run_id!r} has no pending approval{what}")
+        if decided[0].status != decision:
+            raise InvalidRunState(f"approval of {decided[0].node!r} was already "
+                                  f"{decided[0].status}")
+        return decided[0]
+
+    def _known_run(self, graph: Graph, config: RunnableConfig) -> str:
+        """The run of ``config``'s thread (``RunNotFound`` if the journal has none), once
+        ``graph`` is known to be this guard's."""
+        self._check_graph(graph)
+        return str(self._run_record(run_id_of(config)).run_id)
+
+    def approve(self, graph: Graph, config: RunnableConfig, *, by: str | None = None,
+                node: str | None = None, step_id: str | None = None) -> Any:
+        """Approve the pending gate and resume the run; the gated node runs exactly once.
+
+        An approval already approved (decided elsewhere, ``step_id`` naming it) is carried out."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.APPROVE, self._run_record(run_id).status, run=run_id)
+            self._approval(paused_tasks(graph.get_state(config)), run_id, node, step_id,
+                           ApprovalStatus.APPROVED, by, "")
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return self._run(graph, None, config, {})
+
+    async def aapprove(self, graph: Graph, config: RunnableConfig, *, by: str | None = None,
+                       node: str | None = None, step_id: str | None = None) -> Any:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.APPROVE, self._run_record(run_id).status, run=run_id)
+            self._approval(paused_tasks(await graph.aget_state(config)), run_id, node, step_id,
+                           ApprovalStatus.APPROVED, by, "")
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return await self._arun(graph, None, config, {})
+
+    def reject(self, graph: Graph, config: RunnableConfig, *, by: str | None = None,
+               node: str | None = None, step_id: str | None = None,
+               reason: str = "") -> UnwindReport:
+        """Reject the pending gate: the gated node never runs and the run is unwound.
+
+        An approval already rejected (decided elsewhere, ``step_id`` naming it) is carried out."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.REJECT, self._run_record(run_id).status, run=run_id)
+            cause = self._rejection(paused_tasks(graph.get_state(config)), run_id, node,
+                                    step_id, by, reason)
+            report = self.core.unwind(run_id, cause, triggered_by=by or "operator",
+                                      fallback_state=lambda: values_of(graph, config))
+            answer_tool_calls(graph, config, cause, report)
+            return report
+
+    async def areject(self, graph: Graph, config: RunnableConfig, *, by: str | None = None,
+                      node: str | None = None, step_id: str | None = None,
+                      reason: str = "") -> UnwindReport:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.REJECT, self._run_record(run_id).status, run=run_id)
+            snapshot = await graph.aget_state(config)
+            cause = self._rejection(paused_tasks(snapshot), run_id, node, step_id, by, reason)
+            report = await self.core.aunwind(run_id, cause, triggered_by=by or "operator",
+                                             fallback_state=state_values(snapshot.values))
+            await aanswer_tool_calls(graph, config, cause, report)
+            return report
+
+    def _rejection(self, paused: set[str], run_id: str, node: str | None,
+                   step_id: str | None, by: str | None, reason: str) -> Cause:
+        approval = self._approval(paused, run_id, node, step_id, ApprovalStatus.REJECTED, by,
+                                  reason)
+        return self.core.cause_of(ApprovalRejected(approval.node, by=approval.decided_by or by,
+                                                   reason=approval.reason or reason))
+
+    # -- retry --------------------------------------------------------------------------------
+    def retry(self, graph: Graph, config: RunnableConfig, *, force: bool = False) -> Any:
+        """Resume a failed run from where it stopped: ``invoke(None)`` semantics, so succeeded
+        steps never run again; only the failed or unfinished task does.
+
+        A step left in doubt by a dead process would run again, possibly repeating its effect:
+        that needs ``force=True`` (for nodes known to be idempotent). A run whose process died
+        is taken over with ``recover``."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.RETRY, self._run_record(run_id).status, run=run_id)
+            self._refuse_doubt(self._reconcile(graph, graph.get_state(config), run_id), run_id,
+                               force)
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return self._run(graph, None, config, {})
+
+    async def aretry(self, graph: Graph, config: RunnableConfig, *, force: bool = False) -> Any:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.RETRY, self._run_record(run_id).status, run=run_id)
+            self._refuse_doubt(self._reconcile(graph, await graph.aget_state(config), run_id),
+                               run_id, force)
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return await self._arun(graph, None, config, {})
+
+    @staticmethod
+    def _refuse_doubt(steps: list[StepRecord], run_id: str, force: bool) -> None:
+        doubtful = [s.node for s in steps if s.status == StepStatus.STARTED]
+        if doubtful and not force:
+            raise InvalidRunState(f"run {run_id!r} has steps in doubt {doubtful}: resuming "
+                                  "would run them again; compensate, or retry(force=True)")
+
+    # -- compensation -------------------------------------------------------------------------
+    def compensate(self, graph: Graph, config: RunnableConfig, *, by: str = "operator",
+                   reason: str = "operator") -> UnwindReport:
+        """Unwind the run now (an operator's "compensate"). Compensations that already
+        succeeded are skipped, so on a run that needs attention it retries the failed ones.
+        Steps left in doubt by a dead process are compensated only when their compensation is
+        declared ``in_doubt_safe``."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
+            return self._compensate(graph, config, run_id, by, reason)
+
+    async def acompensate(self, graph: Graph, config: RunnableConfig, *, by: str = "operator",
+                          reason: str = "operator") -> UnwindReport:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
+            snapshot = await graph.aget_state(config)
+            self._reconcile(graph, snapshot, run_id)
+            cause = Cause(reason)
+            report = await self.core.aunwind(run_id, cause, triggered_by=by,
+                                             include_in_doubt=True,
+                                             fallback_state=state_values(snapshot.values))
+            await aanswer_tool_calls(graph, config, cause, report)
+            return report
+
+    def _compensate(self, graph: Graph, config: RunnableConfig, run_id: str, by: str,
+                    reason: str, *, reconcile: bool = True) -> UnwindReport:
+        # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
+        if reconcile:
+            self._reconcile(graph, graph.get_state(config), run_id)
+        cause = Cause(reason)
+        report = self.core.unwind(run_id, cause, triggered_by=by, include_in_doubt=True,
+                                  fallback_state=lambda: values_of(graph, config))
+        answer_tool_calls(graph, config, cause, report)
+        return report
+
+    def retry_compensation(self, graph: Graph, config: RunnableConfig, step_id: str, *,
+                           by: str = "operator") -> UnwindReport:
+        """Run one compensation that failed (or was skipped for a step in doubt) again: fresh
+        attempts, the same idempotency key. The others are left as they are, and the run ends
+        ``compensated`` only if none is left failed."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            self._retryable(run_id, step_id)
+            return self.core.unwind(run_id, Cause("operator"), triggered_by=by,
+                                    include_in_doubt=True, only=step_id,
+                                    fallback_state=lambda: values_of(graph, config))
+
+    async def aretry_compensation(self, graph: Graph, config: RunnableConfig, step_id: str, *,
+                                  by: str = "operator") -> UnwindReport:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            self._retryable(run_id, step_id)
+            state = state_values((await graph.aget_state(config)).values)
+            return await self.core.aunwind(run_id, Cause("operator"), triggered_by=by,
+                                           include_in_doubt=True, only=step_id,
+                                           fallback_state=state)
+
+    def _retryable(self, run_id: str, step_id: str) -> None:
+        check(Action.RETRY_COMPENSATION, self._run_record(run_id).status, run=run_id)
+        record = next((c for c in self.core.journal.compensations(run_id)
+                       if c.step_id == step_id), None)
+        if record is None or record.status not in (CompensationStatus.FAILED,
+                                                   CompensationStatus.SKIPPED_IN_DOUBT):
+            status = record.status if record else "not there"
+            raise InvalidRunState(f"the compensation of step {step_id!r} is {status}; only "
+                                  "a failed or skipped-in-doubt compensation is retried")
+
+    def resolve(self, graph: Graph, config: RunnableConfig, *, note: str,
+                by: str = "operator") -> None:
+        """Settle a run that needs attention by hand: someone undid what its compensations
+        could not (a refund made in the provider's dashboard, say), and ``note`` says what.
+        The run ends ``compensated`` (its failed compensations stay journaled as they are),
+        and the thread's next invoke starts a new turn."""
+        if not isinstance(note, str) or not note.strip():
+            raise ConfigurationError("resolve() needs a note saying what was done by hand")
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            check(Action.RESOLVE, self._run_record(run_id).status, run=run_id)
+            self.core.journal.run_set_status(run_id, RunStatus.COMPENSATED)
+            emit(self.core.on_event, Event("run.status", run_id, data={
+                "status": str(RunStatus.COMPENSATED), "resolved_by": by, "note": note}))
+
+    async def aresolve(self, graph: Graph, config: RunnableConfig, *, note: str,
+                       by: str = "operator") -> None:
+        # Journal calls only: nothing here waits on the graph's saver.
+        self.resolve(graph, config, note=note, by=by)
+
+    # -- crash recovery -----------------------------------------------------------------------
+    def _reconcile(self, graph: Graph, snapshot: Any, run_id: str) -> list[StepRecord]:
+        """Make the journal's steps agree with the last checkpoint (``snapshot``), and return
+        them.
+
+        - A task whose writes LangGraph saved (with no error or interrupt) has run: its
+          effect happened. If its step is still "started" (the process died between the two
+          writes), it is journaled succeeded, so that it is compensated, not taken for in
+          doubt, nor run again.
+        - With a journal that writes step rows with the checkpoint (``defers_steps``), a step's
+          row commits with its task's writes, so a task the last checkpoint still lists, with no
+          writes and no row, may have run: it is journaled started (in doubt). Not a task that
+          paused: it paused in a first run, whose rows travel with that pause's writes, and a
+          resumed run writes its rows before each body (so an approved step that started has
+          one)."""
+        journal = self.core.journal
+        steps = journal.steps(run_id)
+        by_id = {s.step_id: s for s in steps}
+        late_rows = getattr(journal, "defers_steps", False)
+        changed = False
+        for task in snapshot.tasks:
+            step = by_id.get(task.id)
+            if _ran(task):
+                if step is not None and step.status == StepStatus.STARTED:
+                    journal.step_finish(run_id, task.id, StepStatus.SUCCEEDED,
+                                        update=task.result)
+                    changed = True
+                continue
+            if step is not None or not late_rows or task.error is not None or task.interrupts:
+                continue
+            node = graph.nodes.get(task.name)
+            journal.step_start(run_id, task.id, task.name,
+                               node_tags(node.metadata) if node is not None else ())
+            changed = True
+        return journal.steps(run_id) if changed else steps
+
+    def recover(self, graph: Graph, config: RunnableConfig, *, resume: bool = False) -> Any:
+        """Take over a run whose process died (its lease expired), or that was cancelled or
+        stopped before its turn ended: unwind it, or resume it (``resume=True`` re-runs the step
+        in doubt: only for idempotent nodes).
+
+        A run whose graph had finished when its process died (it died before saying so, maybe
+        before LangGraph's last checkpoint) is settled as it would have been: its final state is
+        checked, and it succeeds or unwinds on a violation. Unwinding it for the crash would
+        undo a saga that completed."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            run = self._run_record(run_id)
+            check(Action.RECOVER, run.status, run=run_id)
+            # Against the checkpoint the dead process left: _finished may write the next one,
+            # whose new tasks never started.
+            self._reconcile(graph, graph.get_state(config), run_id)
+            if run.status == RunStatus.RUNNING and (resume or self._finished(graph, config)):
+                self.core.set_status(run_id, RunStatus.RUNNING)
+                return self._run(graph, None, config, {})
+            if run.status == RunStatus.RUNNING and self._pausing(graph, config, run_id):
+                # It died after pausing at a gate, before saying so: it waits for a decision.
+                self.core.set_status(run_id, RunStatus.PAUSED)
+                return None
+            return self._compensate(graph, config, run_id, "recovery", "crash", reconcile=False)
+
+    def _pausing(self, graph: Graph, config: RunnableConfig, run_id: str) -> bool:
+        """Whether the last checkpoint waits on approval gates whose approvals are still
+        pending, every other task of it having run: the run had paused for an operator. (A
+        gate whose approval was given since is not waiting: its body may have started.)"""
+        snapshot = graph.get_state(config)
+        pending = {task_of(a.step_id) for a in self.core.journal.approvals(run_id)
+                   if a.status == ApprovalStatus.PENDING}
+        gates = [t for t in snapshot.tasks if t.interrupts]
+        return bool(gates) and all(t.id in pending for t in gates) and all(
+            t.interrupts or _ran(t) for t in snapshot.tasks)
+
+    def _finished(self, graph: Graph, config: RunnableConfig) -> bool:
+        """Whether the thread's graph has nothing left to run.
+
+        The last checkpoint may list tasks whose writes were saved (the process died before the
+        checkpoint that applies them). Those tasks ran; whether the graph goes on after them
+        depends on what they wrote, so their writes are applied (stopping before any node) and
+        the checkpoint that results is asked."""
+        snapshot = graph.get_state(config)
+        if snapshot.created_at is None or snapshot.next:
+            return False
+        if not snapshot.tasks:
+            return True
+        if not all(_ran(task) for task in snapshot.tasks):
+            return False
+        graph.invoke(None, runner_config(config), durability="sync", interrupt_before="*")
+        after = graph.get_state(config)
+        return not after.next and not after.tasks
+
