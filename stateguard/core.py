@@ -151,13 +151,15 @@ class GuardCore:
                  reason: str | None = None) -> Cause:
         if isinstance(exc, InvariantViolation):
             return Cause(reason or "invariant", exc.node or failed_node,
-                         ErrorInfo.from_exception(exc), InvariantInfo(exc.invariant, exc.message))
+                         ErrorInfo.from_exception(exc), InvariantInfo(exc.invariant, exc.message),
+                         exc)
         if isinstance(exc, ApprovalRejected):
-            return Cause(reason or "rejected", exc.node, ErrorInfo.from_exception(exc))
+            return Cause(reason or "rejected", exc.node, ErrorInfo.from_exception(exc),
+                         exception=exc)
         if exc is None:
             return Cause(reason or "operator", failed_node)
         node = getattr(exc, "stateguard_node", None) or failed_node
-        return Cause(reason or "error", node, ErrorInfo.from_exception(exc))
+        return Cause(reason or "error", node, ErrorInfo.from_exception(exc), exception=exc)
 
     def close_approvals(self, run_id: str, by: str | None, reason: str) -> None:
         """Reject every pending approval: once a run unwinds, no gated step may run later."""

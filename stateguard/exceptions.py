@@ -6,7 +6,9 @@ The tree::
     ├── ConfigurationError (ValueError)   bad invariants, compensations or approvals
     ├── RunLocked (RuntimeError)          another process holds the run's lease
     ├── RunNotFound (LookupError)         no journaled run under that id
-    ├── InvalidRunState (RuntimeError)    the operator action does not fit the run's status
+    ├── InvalidRunState (RuntimeError)    the action does not fit the run's status (an operator's,
+    │                                     or an invoke: a Command for an approval gate, new input
+    │                                     over effects not settled)
     ├── InvariantViolation (RuntimeError) an invariant failed after (or before) a node
     ├── ApprovalRejected (RuntimeError)   an operator rejected a gated step
     ├── ToolCallFailed (RuntimeError)     a tool error the model was told of unwinds the run
@@ -45,6 +47,9 @@ class RunLocked(StateGuardError, RuntimeError):
 
 
 class RunNotFound(StateGuardError, LookupError):
+    """The journal has no run under that id (never started, or forgotten: deleted, or beyond
+    ``InMemoryJournal``'s cap of finished runs)."""
+
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no run {run_id!r} in the journal")
@@ -68,6 +73,9 @@ class InvariantViolation(StateGuardError, RuntimeError):
 
 
 class ApprovalRejected(StateGuardError, RuntimeError):
+    """An operator rejected the approval of a gated step (``node``: a node or a tool): the step
+    never ran, and the run was unwound. ``by`` and ``reason`` say who and why."""
+
     def __init__(self, node: str, *, by: str | None = None, reason: str = "") -> None:
         self.node = node
         self.by = by

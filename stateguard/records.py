@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import traceback
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -68,6 +69,29 @@ class ApprovalStatus(StrEnum):
     REJECTED = "rejected"
 
 
+def _traceback(exc: BaseException, known: BaseException | None) -> str:
+    # Suppress the implicit context on the links whose context is ``known``, for the
+    # formatting only: the exceptions are the caller's, left as they were.
+    links: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in links and known is not None:
+        links.append(link)
+        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
+    cut = [e for e in links if e.__context__ is known and e.__cause__ is None
+           and not e.__suppress_context__]
+    for e in cut:
+        e.__suppress_context__ = True
+    try:
+        text = "".join(traceback.format_exception(exc)).strip()
+    finally:
+        for e in cut:
+            e.__suppress_context__ = False
+    if cut and known is not None:
+        text += (f"\n(raised while handling the run's error, {type(known).__name__}: {known}; "
+                 "its traceback is the run's)")
+    return text
+
+
 @dataclass(frozen=True, slots=True)
 class ErrorInfo:
     type: str
@@ -75,11 +99,12 @@ class ErrorInfo:
     traceback: str = ""
 
     @classmethod
-    def from_exception(cls, exc: BaseException) -> ErrorInfo:
-        import traceback
-
-        return cls(type(exc).__name__, str(exc),
-                   "".join(traceback.format_exception(exc)).strip())
+    def from_exception(cls, exc: BaseException, *, known: BaseException | None = None
+                       ) -> ErrorInfo:
+        """``exc`` with its traceback. ``known`` is an error whose traceback is kept elsewhere
+        (the run's error, while a compensation that raised was handling it): where ``exc``'s
+        chain reaches it as an implicit context, it is named in one line, not repeated."""
+        return cls(type(exc).__name__, str(exc), _traceback(exc, known))
 
     def to_dict(self) -> dict[str, str]:
         """For journals that store errors as JSON."""

@@ -14,7 +14,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stateguard.context import ExceptionContext, InvariantInfo, idempotency_key
@@ -47,6 +47,9 @@ class Cause:
     failed_node: str | None = None
     error: ErrorInfo | None = None
     invariant: InvariantInfo | None = None
+    # The error itself, while the unwind runs in the process that caught it: a compensation
+    # that raises then has it as its context, and its traceback is kept once, in ``error``.
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +214,8 @@ class _Unwinder:
                               else CompensationStatus.NOTHING_TO_UNDO)
         elif last:
             attempt.status = CompensationStatus.FAILED
-        info = ErrorInfo.from_exception(error) if error is not None else None
+        info = (ErrorInfo.from_exception(error, known=self.cause.exception)
+                if error is not None else None)
         done = AttemptRecord(len(attempt.attempts) + 1, started, time.time(), error is None,
                              result=repr(result)[:200] if error is None else "", error=info)
         self.journal.compensation_attempt(self.run_id, step.step_id, done, attempt.status)

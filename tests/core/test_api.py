@@ -26,6 +26,15 @@ def test_it_exports_exactly_the_documented_names_sorted() -> None:
         assert getattr(stateguard, name) is not None
 
 
+def test_it_documents_each_exception_on_its_own() -> None:
+    # help(ApprovalRejected) showed StateGuardError's docstring
+    errors = [getattr(stateguard, name) for name in stateguard.__all__
+              if isinstance(getattr(stateguard, name), type)
+              and issubclass(getattr(stateguard, name), BaseException)]
+    assert len(errors) >= 10
+    assert [e.__name__ for e in errors if not e.__dict__.get("__doc__")] == []
+
+
 def test_it_imports_no_web_framework() -> None:
     code = ("import sys, stateguard; "
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in "

@@ -280,3 +280,36 @@ def test_it_gives_no_failed_step_to_a_compensation_that_does_not_check() -> None
     with pytest.raises(SagaAborted):
         guard.invoke(graph, {"fail_at": "c"}, config("failed-unsafe"))
     assert "undo:c" not in effects
+
+
+@pytest.mark.parametrize("form", ["runner", "plain"])
+def test_it_keeps_the_runs_traceback_once_not_in_every_failed_attempt(form: str) -> None:
+    # A compensation that raises while the run's error is being handled has it as its context:
+    # each attempt's traceback carried the whole of it again (~6 kB each).
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        raise ValueError("warehouse down")
+
+    def refund(state: dict[str, Any], ctx: Any) -> bool:
+        raise ConnectionError("stripe unreachable")
+
+    guard = StateGuardCheckpointer(compensations={"charge": refund},
+                                   compensation_retry=FAST_RETRY)
+    builder = line_builder(["charge", "ship"], [], {"ship": lambda s: deep(30) or {}})
+    graph = guard.compile(builder)
+    with pytest.raises((ValueError, SagaAborted)):
+        if form == "runner":
+            guard.invoke(graph, {}, config("tb"))
+        else:
+            graph.invoke({}, config("tb"))
+
+    [record] = guard.status("tb").compensations
+    assert len(record.attempts) == FAST_RETRY.attempts
+    run_error = guard.status("tb").run.error
+    assert run_error is not None and "in deep" in run_error.traceback  # kept once, here
+    for attempt in record.attempts:
+        assert attempt.error is not None
+        assert "ConnectionError: stripe unreachable" in attempt.error.traceback
+        assert "in deep" not in attempt.error.traceback
+        assert len(attempt.error.traceback) < len(run_error.traceback) / 4
