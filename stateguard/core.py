@@ -61,7 +61,8 @@ class GuardCore:
         self.spec = GuardSpec(build_invariants(invariants), build_compensations(compensations),
                               build_approvals(approvals), compensation_retry or CompensationRetry(),
                               build_tool_error_policy(on_tool_error))
-        self.journal: Journal = journal if journal is not None else InMemoryJournal()
+        self.journal: Journal = journal if journal is not None else InMemoryJournal(
+            undoable=lambda step: self.spec.compensation_for(step.node, step.tags) is not None)
         self.on_event = on_event
         self.lease_ttl = float(lease_ttl)
         self.lease_heartbeat = float(lease_heartbeat)

@@ -154,19 +154,24 @@ class InMemoryJournal:
     It stores the objects it is given (no copies on the hot path), so it costs next to nothing per
     step; readers get copies.
 
-    A run keeps every step's update and state (a few KB for a small state), and a guard lives as
-    long as the server: so it keeps the ``max_finished_runs`` most recently finished runs
-    (succeeded or compensated) and forgets older ones, with their effects (``None``: keep every
-    run). A run that is running, paused, failed or needs attention is never forgotten this
+    While a run is live it keeps every step's update and the state after it; once it finishes
+    (succeeded or compensated) only what its compensations could still need (see
+    ``_compact``). A guard lives as long as the server, so it keeps the ``max_finished_runs``
+    most recently finished runs and forgets older ones, with their effects (``None``: keep
+    every run). A run that is running, paused, failed or needs attention is never forgotten this
     way. ``run_purge`` (what ``delete_thread`` calls) forgets one at once. A journal shared by
     processes, or one that must keep history, is ``SqliteJournal`` or the web app's.
     """
 
-    def __init__(self, *, max_finished_runs: int | None = 10_000) -> None:
+    def __init__(self, *, max_finished_runs: int | None = 10_000,
+                 undoable: Callable[[StepRecord], bool] | None = None) -> None:
         if max_finished_runs is not None and (
                 not isinstance(max_finished_runs, int) or max_finished_runs < 1):
             raise ValueError("max_finished_runs must be a positive int, or None to keep all")
+        if undoable is not None and not callable(undoable):
+            raise ValueError("undoable must be a function of a step, or None")
         self.max_finished_runs = max_finished_runs
+        self.undoable = undoable
         self._finished: OrderedDict[str, None] = OrderedDict()  # oldest finished first
         self._lock = threading.Lock()
         self._runs: dict[str, RunRecord] = {}
@@ -204,10 +209,24 @@ class InMemoryJournal:
         if status not in _FINISHED:
             self._finished.pop(run_id, None)
             return
+        self._compact(run_id)
         self._finished[run_id] = None
         self._finished.move_to_end(run_id)
         while self.max_finished_runs is not None and len(self._finished) > self.max_finished_runs:
             self._forget(next(iter(self._finished)))
+
+    def _compact(self, run_id: str) -> None:
+        """A finished run keeps its outcome, not its states: the state after each step (an
+        agent's whole conversation, again at every step) is dropped; and when ``undoable`` says
+        which steps a compensation would undo (the journal a guard makes for itself), so is
+        the update of every other step. What a later compensation reads is kept: its step's
+        update (``ctx.step_result``, ``ctx.tool_call``); for the state it is given, the thread's
+        own (the saver's) stands in. Called with the lock held."""
+        undoable = self.undoable
+        for step in self._steps.get(run_id, {}).values():
+            step.state_after = None
+            if undoable is not None and not undoable(step):
+                step.update = None
 
     def run_purge(self, run_id: str) -> None:
         with self._lock:

@@ -1,5 +1,6 @@
-"""What a guard keeps for runs in a long-lived process (issue 12, item 14): delete_thread
-forgets a thread's run, and InMemoryJournal keeps a bounded number of finished runs."""
+"""What a guard keeps for runs in a long-lived process: delete_thread forgets a thread's run,
+InMemoryJournal keeps a bounded number of finished runs, and of each only what a later
+compensation needs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from stateguard import (
     StateGuardCheckpointer,
     record_effect,
 )
+from tests.core.agent_support import Travel, agent, ask, go, say
 from tests.core.support import FAST_RETRY, config, line_builder, undo
 
 NODES = ["charge", "ship"]
@@ -102,3 +104,35 @@ def test_it_keeps_every_run_when_told_to() -> None:
 def test_it_refuses_a_cap_that_is_not_a_positive_number() -> None:
     with pytest.raises(ValueError, match="max_finished_runs"):
         InMemoryJournal(max_finished_runs=0)
+
+
+def test_it_keeps_of_a_finished_run_what_a_later_compensation_needs_and_no_more() -> None:
+    # A 2-tool agent kept 13.8 KiB per finished run: every step's state (the conversation, again
+    # at every step) and the model's messages. bench/journal_memory.py measures it.
+    world = Travel()
+    guard = StateGuardCheckpointer(compensations={"charge_card": world.refund},
+                                   compensation_retry=FAST_RETRY)
+    graph = agent("v2", world, [ask(("charge_card", {"amount": 40_00})),
+                                ask(("book_flight", {"destination": "Oslo"})), say("booked")],
+                  checkpointer=guard)
+    graph.invoke(go(), config("done"))
+
+    steps = guard.status("done").steps
+    assert [s.state_after for s in steps] == [None] * len(steps)
+    kept = {s.node: s.update for s in steps if s.update is not None}
+    assert list(kept) == ["charge_card"]  # the one step with a compensation
+    assert kept["charge_card"]["content"] == '{"charge_id": "ch_1", "amount": 4000}'
+
+    report = guard.compensate(graph, config("done"))  # an operator undoes a finished run
+
+    assert report.compensated == ["charge_card"] and world.refunded == ["ch_1"]
+
+
+def test_it_keeps_every_update_of_a_journal_the_caller_made() -> None:
+    journal = InMemoryJournal()
+    guard = StateGuardCheckpointer(journal=journal)
+    graph = guard.compile(line_builder(NODES, []))
+    guard.invoke(graph, {}, config("mine"))
+    steps = guard.status("mine").steps
+    assert [s.update for s in steps] == [{"log": ["charge"]}, {"log": ["ship"]}]
+    assert [s.state_after for s in steps] == [None, None]

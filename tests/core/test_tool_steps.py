@@ -145,7 +145,8 @@ def test_it_lets_the_model_handle_a_tool_error_when_told_to(
         view = guard.status("model")
         assert view.run.status == RunStatus.SUCCEEDED
         [booking] = [s for s in view.steps if s.node == "book_flight"]
-        assert booking.status == StepStatus.FAILED and booking.update["status"] == "error"
+        assert booking.status == StepStatus.FAILED and booking.error is not None
+        assert booking.error.type == "ToolError"
 
 
 def test_it_takes_the_policy_per_tool() -> None:
