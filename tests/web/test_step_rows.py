@@ -127,8 +127,8 @@ def test_it_journals_a_step_its_dead_worker_never_finished_as_in_doubt() -> None
     dead_graph = dead.compile(line_builder(["a", "b"], effects, {"b": die_in_b}))
     assert dead_journal.lock_acquire(code, "dead-worker", 0.3)
     dead_journal.run_set_status(code, RunStatus.RUNNING)
-    with pytest.raises(KeyboardInterrupt):
-        dead_graph.invoke({}, config(code), durability="sync")
+    with pytest.raises(KeyboardInterrupt):  # as its runner would, under "dead-worker"'s lease
+        dead_graph.invoke({}, runner_config(config(code)), durability="sync")
     dead_journal._fences.clear()  # the process is gone: it holds nothing any more
     assert [s.node for s in Step.objects.filter(run__code=code)] == ["a"]
     time.sleep(0.35)  # its lease expires
