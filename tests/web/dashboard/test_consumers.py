@@ -126,10 +126,10 @@ async def test_it_closes_a_socket_that_sends_garbage_and_keeps_serving_the_other
     other = socket("/ws/runs/", cookie)
     assert (await other.connect())[0]
     frames: list[tuple[dict[str, Any], int]] = [
-        ({"text_data": "not json {"}, 1003),
-        ({"text_data": '{"type": "subscribe", "run": "*"}'}, 1003),
-        ({"bytes_data": b"\x00\x01binary"}, 1003),
-        ({"text_data": '{"type": "ping", "pad": "' + "x" * 5000 + '"}'}, 1009),
+        ({"text_data": "not json {"}, 4003),
+        ({"text_data": '{"type": "subscribe", "run": "*"}'}, 4003),
+        ({"bytes_data": b"\x00\x01binary"}, 4003),
+        ({"text_data": '{"type": "ping", "pad": "' + "x" * 5000 + '"}'}, 4009),
     ]
     for frame, code in frames:
         bad = socket("/ws/runs/", cookie)
