@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from django.test import Client
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.web.api.test_end_to_end import Server
@@ -74,3 +74,15 @@ def test_it_closes_a_clients_bad_frame_with_the_apps_own_code_and_logs_no_traceb
     logs = daphne.logs()
     assert "WSDISCONNECT /ws/runs/" in logs  # the log is the one the sockets went to
     assert "Traceback" not in logs and "invalid close code" not in logs, logs[-4000:]
+
+
+def test_it_refuses_an_operators_cookie_from_another_port_of_the_same_host(
+        daphne: Server, cookie: str) -> None:
+    with open_socket(daphne, cookie) as ws:  # the dashboard's own page
+        ws.send('{"type": "ping"}')
+        assert ws.recv(timeout=10) == '{"type": "pong"}'
+    for origin in ["http://127.0.0.1:9999", f"https://127.0.0.1:{daphne.port}",
+                   f"http://localhost:{daphne.port}"]:
+        with pytest.raises(InvalidStatus) as refused:
+            open_socket(daphne, cookie, origin)
+        assert refused.value.response.status_code == 403, origin
