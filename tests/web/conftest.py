@@ -22,6 +22,16 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 
 ManagePy = Callable[..., subprocess.CompletedProcess[str]]
 
+# An input each registered agent accepts, on which its run succeeds (test_compensate_agents.py
+# checks that every agent has one).
+AGENT_INPUTS: dict[str, dict[str, Any]] = {
+    "checkout": {"email": "alice@example.com", "amount": 42_00},
+    "provision": {"name": "web-1"},
+    "travel": {"email": "alice@example.com", "destination": "Lisbon", "nights": 2,
+               "amount": 42_00},
+    "noop5": {"n": 1},
+}
+
 
 def _manage_py(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(

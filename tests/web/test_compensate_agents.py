@@ -15,23 +15,16 @@ from stateguard_web.sagas import services, tasks
 from stateguard_web.sagas.models import Compensation, Run
 from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.world import make_user
-
-# A succeeded run's input per agent; a newly registered agent fails the first test until it
-# is added here, so that its compensations are exercised too.
-INPUTS: dict[str, dict[str, Any]] = {
-    "checkout": {"email": "alice@example.com", "amount": 42_00},
-    "provision": {"name": "web-1"},
-    "travel": {"email": "alice@example.com", "destination": "Lisbon", "nights": 2,
-               "amount": 42_00},
-    "noop5": {"n": 1},
-}
+from tests.web.conftest import AGENT_INPUTS
 
 
 def test_it_knows_an_input_for_every_registered_agent() -> None:
-    assert sorted(INPUTS) == registry.names(benchmarks=True)
+    # A newly registered agent fails here until it has an input, so that its compensations
+    # (and its input schema: api/test_bad_input.py) are exercised too.
+    assert sorted(AGENT_INPUTS) == registry.names(benchmarks=True)
 
 
-@pytest.mark.parametrize("agent", sorted(INPUTS))
+@pytest.mark.parametrize("agent", sorted(AGENT_INPUTS))
 def test_it_compensates_a_succeeded_run_of_every_agent(
         agent: str, transactional_db: None, settings: Any, tmp_path: Path,
         localstripe_url: str, stripe_client: stripe.StripeClient) -> None:
@@ -39,7 +32,7 @@ def test_it_compensates_a_succeeded_run_of_every_agent(
     settings.STATEGUARD_SANDBOX_DIR = str(tmp_path)
     settings.STATEGUARD_BENCH_AGENTS = True
     alice, bob = make_user("alice", "submitter"), make_user("bob", "operator")
-    run = services.run_submit(agent=agent, by=alice, input=INPUTS[agent])
+    run = services.run_submit(agent=agent, by=alice, input=AGENT_INPUTS[agent])
     tasks.run_execute(run.pk)  # in this process, as a worker would
     run.refresh_from_db()
     assert run.status == Run.Status.SUCCEEDED, run.error
@@ -61,7 +54,7 @@ def test_it_apologises_for_a_travel_confirmation_and_refunds_the_trip(
     settings.STRIPE_API_KEY, settings.STRIPE_API_BASE = STRIPE_TEST_KEY, localstripe_url
     settings.STATEGUARD_SANDBOX_DIR = str(tmp_path)
     run = services.run_submit(agent="travel", by=make_user("alice", "submitter"),
-                              input=INPUTS["travel"])
+                              input=AGENT_INPUTS["travel"])
     tasks.run_execute(run.pk)
     services.run_compensate(run=run, by=make_user("bob", "operator"))
     run.refresh_from_db()
