@@ -19,7 +19,7 @@ django.setup(set_prefix=False)  # as get_asgi_application() does; the handler is
 from stateguard_web import twisted_http  # noqa: E402
 from stateguard_web.threads import ReusedThreadsHandler  # noqa: E402
 
-twisted_http.install()  # Daphne's HTTP parse of a POST's Content-Type, remembered
+twisted_http.install()  # Daphne's HTTP: a header too long answered (431), Content-Type parses kept
 django_asgi_app = ReusedThreadsHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402

@@ -4,30 +4,15 @@ the server logs, and the Origin check with the Host header a client really sends
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.web.api.test_end_to_end import Server
 from tests.web.api.world import make_user
-from tests.web.conftest import Workers
+from tests.web.conftest import Server
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
-
-
-@pytest.fixture
-def daphne(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Server]:
-    """Daphne on the test database (no worker: these sockets only talk to the consumer)."""
-    server = Server(Workers(sandbox, tmp_path).env, tmp_path / "daphne.log")
-    try:
-        server.wait_until_up()
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
