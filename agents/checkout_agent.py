@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import stripe
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from agents.checkout import checkout_builder, checkout_guard_kwargs
-from agents.registry import AgentSettings, AgentSpec, register
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 
 
-class CheckoutInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CheckoutInput(AgentInput):
     email: str = Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
     amount: int = Field(gt=0, le=1_000_000_00)  # smallest currency unit
     currency: str = Field(default="usd", pattern=r"^[a-z]{3}$")

@@ -7,16 +7,13 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from langgraph.graph import END, START, StateGraph
-from pydantic import BaseModel, ConfigDict
 
-from agents.registry import AgentSettings, AgentSpec, register
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 
 STEPS = tuple(f"step{i}" for i in range(1, 6))
 
 
-class NoopInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class NoopInput(AgentInput):
     n: int = 0
 
 

@@ -66,9 +66,9 @@ from typing import Any, Literal, TypedDict
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from agents.registry import AgentSettings, AgentSpec, register, run_id
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register, run_id
 from stateguard import Compensation, ExceptionContext
 
 NODES = ("create_workspace", "write_config", "allocate_port", "announce")
@@ -76,9 +76,7 @@ Node = Literal["create_workspace", "write_config", "allocate_port", "announce"]
 PORTS = range(20000, 30000)
 
 
-class ProvisionInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ProvisionInput(AgentInput):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
     size: int = Field(default=1, ge=1, le=64)
     fail_at: Node | None = None

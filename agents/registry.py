@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import StateGraph
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from stateguard import ConfigurationError
 
@@ -42,6 +42,14 @@ class AgentSettings:
     sandbox_dir: Path
 
 
+class AgentInput(BaseModel):
+    """The base of every agent's input schema: no field it does not name, and no coercion: the
+    string ``"4200"`` is not an amount, nor ``1`` a ``true``, nor ``42.0`` a count. A caller's
+    wrong type is their mistake to hear of (the API's 422), not one to guess the meaning of."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 @dataclass(frozen=True)
 class AgentSpec:
     name: str
@@ -53,6 +61,13 @@ class AgentSpec:
     on_error: OnError = "compensate"
     on_crash: Literal["unwind", "resume"] = "unwind"
     description: str = ""
+
+    def __post_init__(self) -> None:
+        config = self.input_schema.model_config
+        if config.get("strict") is not True or config.get("extra") != "forbid":
+            raise ConfigurationError(
+                f"agent {self.name!r}: its input_schema {self.input_schema.__name__} must be "
+                "strict and forbid unknown fields: subclass agents.registry.AgentInput")
 
     def guard_kwargs(self) -> dict[str, Any]:
         return {"invariants": list(self.invariants), "compensations": dict(self.compensations),

@@ -133,6 +133,8 @@ def chat_model(name: str) -> BaseChatModel:
 
 
 def _run() -> str:
+    """The run's id inside a tool (LangGraph's thread id). Only a tool may ask: a compensation
+    runs outside any runnable and reads ``ctx.run_id``."""
     return str(get_config()["configurable"]["thread_id"])
 
 
@@ -169,7 +171,7 @@ class Travel:
         @tool
         def send_confirmation(email: str, destination: str) -> str:
             """E-mail the customer that the trip is booked."""
-            return travel.mail(email, f"Your trip to {destination}",
+            return travel.mail(_run(), email, f"Your trip to {destination}",
                                f"Your trip to {destination} is booked.", "confirmation")
 
         return [charge_card, reserve_hotel, send_confirmation]
@@ -198,11 +200,14 @@ class Travel:
         record_effect(Effect("sandbox", "reservation", reservation))
         return {"reservation_id": reservation, "destination": destination, "nights": nights}
 
-    def mail(self, to: str, subject: str, body: str, kind: str) -> str:
+    def mail(self, run: str, to: str, subject: str, body: str, kind: str) -> str:
+        """Write the e-mail to the outbox as ``<run>-<kind>.eml``. ``run`` is passed in: a tool
+        reads it from LangGraph's config, a compensation (which runs outside any runnable,
+        where ``get_config()`` raises) from ``ctx.run_id``."""
         message = EmailMessage()
         message["From"], message["To"], message["Subject"] = "travel@localhost", to, subject
         message.set_content(body)
-        path = self.sandbox / "outbox" / f"{_run()}-{kind}.eml"
+        path = self.sandbox / "outbox" / f"{run}-{kind}.eml"
         path.write_bytes(bytes(message))
         self.log(f"do:mail:{kind}:{to}")
         return f"sent {path.name}"
@@ -241,7 +246,7 @@ class Travel:
 
     def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
         args = ctx.tool_call.args if ctx.tool_call else {}
-        self.mail(str(args.get("email", "")), "Your trip is cancelled",
+        self.mail(ctx.run_id, str(args.get("email", "")), "Your trip is cancelled",
                   "We could not complete your booking; your card was refunded.", "apology")
         return True
 

@@ -8,16 +8,14 @@ from typing import Any
 
 from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from agents.checkout_agent import stripe_client
-from agents.registry import AgentSettings, AgentSpec, register
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from agents.travel import Travel, TravelState, chat_model, prompt, total_charged_within_amount
 
 
-class TravelInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TravelInput(AgentInput):
     email: str = Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
     destination: str = Field(min_length=1, max_length=100)  # "Atlantis" has no hotel
     nights: int = Field(default=1, gt=0, le=60)

@@ -19,16 +19,16 @@ django.setup(set_prefix=False)  # as get_asgi_application() does; the handler is
 from stateguard_web import twisted_http  # noqa: E402
 from stateguard_web.threads import ReusedThreadsHandler  # noqa: E402
 
-twisted_http.install()  # Daphne's HTTP parse of a POST's Content-Type, remembered
+twisted_http.install()  # Daphne's HTTP: a header too long answered (431), Content-Type parses kept
 django_asgi_app = ReusedThreadsHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from stateguard_web.api.asgi import ByCredentials, KeyedApiHandler  # noqa: E402
+from stateguard_web.dashboard.origin import SameOriginValidator  # noqa: E402
 from stateguard_web.routing import websocket_urlpatterns  # noqa: E402
 
 # Under plain `daphne` (make run) nothing else serves static files, so in DEBUG do what
@@ -43,8 +43,9 @@ application = ProtocolTypeRouter(
         "http": http_app,
         # Browsers send the session cookie with a websocket opened by any site, and websockets
         # have no CSRF check: without this, a page elsewhere could read a logged-in operator's
-        # live run updates. Only origins in ALLOWED_HOSTS may connect (and none without one).
-        "websocket": AllowedHostsOriginValidator(
+        # live run updates. Only the site's own origin (scheme, host and port) and the
+        # CSRF_TRUSTED_ORIGINS may connect, and none without one (dashboard/origin.py).
+        "websocket": SameOriginValidator(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
     }

@@ -9,9 +9,14 @@ else's run is refused during the handshake. On the list socket a submitter hears
 runs (filtered per batch; the few lookups it needs are remembered).
 
 A page sends one thing: ``{"type": "ping"}`` (answered ``{"type": "pong"}``), a heartbeat that
-lets it notice a connection that died silently. Anything else closes that socket and only it:
-a frame over ``MAX_FRAME`` characters (1009, "message too big"), binary, not JSON, or not a
-ping (1003, "unsupported data").
+lets it notice a connection that died silently. Anything else closes that socket and only it,
+with a close code of the application's own range (4000-4999; docs/api.md): a frame over
+``MAX_FRAME`` characters 4009 ("too big"), one that is binary, not JSON or not a ping 4003
+("unsupported"). Not the protocol's 1009 and 1003: those are the server's own to send, and
+autobahn (Daphne's websocket layer) refuses them from an application with an exception, which
+Daphne logs with a traceback and turns into 1011 for the client. A frame over Daphne's own
+limit (``--websocket-max-message-size``, 1 MiB by default) never reaches the consumer:
+autobahn drops the connection without a close frame (the browser reports 1006).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from stateguard_web.sagas.events import ALL_RUNS_GROUP, batch_group, run_group
 from stateguard_web.sagas.models import Batch, Run
 
 MAX_FRAME = 1024
-CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 1003, 1009
+# 4000 + the protocol's code for the same reason (1003 unsupported data, 1009 too big).
+CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 4003, 4009
 _FORWARDED = frozenset({"run.events", "batch.events"})  # the publisher's batches
 _REMEMBERED = 10_000  # run codes a submitter's list socket remembers as its own or not
 

@@ -8,19 +8,35 @@ chosen in ``tests/django_env.py``, which runs before the settings load; see its 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.conftest import _free_port, _port_answers
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 ManagePy = Callable[..., subprocess.CompletedProcess[str]]
+
+# An input each registered agent accepts, on which its run succeeds (test_compensate_agents.py
+# checks that every agent has one).
+AGENT_INPUTS: dict[str, dict[str, Any]] = {
+    "checkout": {"email": "alice@example.com", "amount": 42_00},
+    "provision": {"name": "web-1"},
+    "travel": {"email": "alice@example.com", "destination": "Lisbon", "nights": 2,
+               "amount": 42_00},
+    "noop5": {"n": 1},
+}
 
 
 def _manage_py(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -176,3 +192,62 @@ def queue() -> Iterator[Any]:
     r.delete("celery")
     yield r
     r.delete("celery")
+
+
+class Server:
+    """A Daphne process serving ``stateguard_web.asgi:application`` on a free port, with the
+    workers' environment (the test database, the test Redis, localstripe)."""
+
+    def __init__(self, env: dict[str, str], log: Path, port: int | None = None) -> None:
+        self.port = port or _free_port()  # a port again: the same server restarted
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                 "stateguard_web.asgi:application"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True)
+
+    def wait_until_up(self) -> None:
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                pytest.fail(f"daphne exited {self.proc.returncode}:\n{self.logs()}")
+            return _port_answers("127.0.0.1", self.port)
+
+        wait_for(up, 30, "daphne to listen", self.logs)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def call(self, method: str, path: str, key: str, body: Any = None) -> tuple[int, Any]:
+        request = urllib.request.Request(
+            self.url + path, method=method,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+
+@pytest.fixture
+def daphne(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Server]:
+    """A web server alone on the test database (no worker), for what depends on Daphne."""
+    server = Server(Workers(sandbox, tmp_path).env, tmp_path / "daphne.log")
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        server.stop()

@@ -2,17 +2,27 @@
 
 Everything here escapes what it is given (agent input, node names, errors): it returns markup
 built with ``format_html`` or plain text that the template escapes.
+
+Text from outside (input, usernames, errors, reasons) may hold characters that draw nothing
+or rearrange the text around them: bidi controls (U+202E RIGHT-TO-LEFT OVERRIDE shows
+``exe.gpj`` for ``jpg.exe``, and can make a row of the runs list read as something else),
+zero-width spaces, control codes. Escaping for HTML lets them through, so they are never
+rendered raw: ``visible`` shows each as a marker naming its code point, and puts text that is
+not plain ASCII inside ``<bdi>``, so that right-to-left letters cannot reorder the page around
+it either; JSON (``compact``,
+``pretty``) shows them as the ``\\uXXXX`` escapes JSON has for them.
 """
 
 from __future__ import annotations
 
 import json
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
 from django import template
-from django.utils.html import format_html
-from django.utils.safestring import SafeString
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from stateguard_web.dashboard import pages
 
@@ -110,16 +120,62 @@ def took(start: datetime | None, end: datetime | None) -> str:
     return f"{hours} h {minutes} min"
 
 
+_KEPT = frozenset("\t\n\r\u200c\u200d")  # line breaks; the joiners some scripts and emoji need
+
+
+def _hidden(char: str) -> bool:
+    """Whether ``char`` draws nothing or moves the text around it: a control code (but tab
+    and line breaks), a format character (bidi controls, zero-width space, BOM; but the
+    zero-width joiners) or a line or paragraph separator."""
+    return char not in _KEPT and unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")
+
+
+@register.filter
+def visible(value: Any) -> SafeString:
+    """Text from outside, isolated (``<bdi>``), each hidden character as a marker
+    (``<span class="ctrl">U+202E</span>``, its name in the title). Printable ASCII, most of
+    what comes by, is only escaped: it has no right-to-left letter and nothing hidden."""
+    text = "" if value is None else str(value)
+    if text.isascii() and text.isprintable():
+        return escape(text)
+    parts, start = [], 0
+    if not text.isprintable():  # else nothing is hidden (checked at C speed)
+        for at, char in enumerate(text):
+            if _hidden(char):
+                parts += [escape(text[start:at]), format_html(
+                    '<span class="ctrl" title="{}">{}</span>',
+                    unicodedata.name(char, "control character"), f"U+{ord(char):04X}")]
+                start = at + 1
+    parts.append(escape(text[start:]))
+    return mark_safe(f"<bdi>{''.join(parts)}</bdi>")  # every part is escaped
+
+
+def _json_text(text: str) -> str:
+    """JSON text with every hidden character as its ``\\u`` escape (JSON escapes only the
+    C0 controls by itself; outside strings it writes nothing hidden but line breaks)."""
+    if text.isprintable():
+        return text
+    return "".join("".join(f"\\u{unit:04x}" for unit in _utf16(char)) if _hidden(char)
+                   else char for char in text)
+
+
+def _utf16(char: str) -> tuple[int, ...]:
+    data = char.encode("utf-16-be")
+    return tuple(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+
+
 @register.filter
 def pretty(value: Any) -> str:
     """JSON, indented, for a ``<pre>`` (the template escapes it)."""
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str, sort_keys=True)
+    return _json_text(json.dumps(value, indent=2, ensure_ascii=False, default=str,
+                                 sort_keys=True))
 
 
 @register.filter
 def compact(value: Any, limit: int = 90) -> str:
     """JSON on one line, cut at ``limit`` characters."""
-    text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    text = _json_text(json.dumps(value, ensure_ascii=False, default=str,
+                                 separators=(", ", ": ")))
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 

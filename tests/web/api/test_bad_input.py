@@ -7,7 +7,9 @@ from typing import Any
 
 from django.test import override_settings
 
+from stateguard_web.sagas import runtime
 from tests.web.api.world import World, journal_state
+from tests.web.conftest import AGENT_INPUTS
 
 OK = {"agent": "provision", "input": {"name": "web-1"}}
 
@@ -83,6 +85,27 @@ class BadInputTests(World):
                    ["header", "Idempotency-Key"], HTTP_IDEMPOTENCY_KEY="k" * 201)
         self.check("alice", "POST", "/api/runs", {**OK, "idempotency_key": "o-2"}, 422,
                    "invalid", ["header", "Idempotency-Key"], HTTP_IDEMPOTENCY_KEY="o-3")
+
+    @override_settings(STATEGUARD_BENCH_AGENTS=True)
+    def test_it_refuses_an_input_field_of_the_wrong_type_for_every_agent(self) -> None:
+        # No coercion: "4200" is not an amount, 1 not a true, 2.0 not a number of nights.
+        self.check("alice", "POST", "/api/runs",
+                   {"agent": "checkout", "input": {"email": "a@b.co", "amount": "4200"}},
+                   422, "invalid", ["body", "input", "amount"])
+        wrong = {"integer": ["4200", 2.0, True], "number": ["0.5", False], "boolean": [1, "true"]}
+        checked = set()
+        for agent, good in AGENT_INPUTS.items():
+            schema = runtime.agent_spec(agent).input_schema.model_json_schema()
+            for field, spec in schema["properties"].items():
+                kinds = {spec.get("type")} | {s.get("type") for s in spec.get("anyOf", [])}
+                for value in [v for kind in kinds & set(wrong) for v in wrong[kind]]:
+                    with self.subTest(agent=agent, field=field, value=value):
+                        self.check("alice", "POST", "/api/runs",
+                                   {"agent": agent, "input": {**good, field: value}},
+                                   422, "invalid", ["body", "input", field])
+                        checked.add((agent, field))
+        assert {("checkout", "amount"), ("checkout", "fail_booking"), ("travel", "nights"),
+                ("provision", "sleep_seconds"), ("noop5", "n")} <= checked
 
     def test_it_refuses_bad_ids_and_queries(self) -> None:
         paused = f"/api/runs/{self.paused.code}"

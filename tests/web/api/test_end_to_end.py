@@ -10,12 +10,8 @@ run's detail, read over HTTP, says so, with the decision and the keys in the aud
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,56 +19,8 @@ from typing import Any
 import pytest
 import stripe
 
-from tests.conftest import STRIPE_TEST_KEY, _free_port, _port_answers
-from tests.web.conftest import ROOT, Workers, wait_for
-
-
-class Server:
-    """A Daphne process serving ``stateguard_web.asgi:application`` on a free port, with the
-    workers' environment (the test database, the test Redis, localstripe)."""
-
-    def __init__(self, env: dict[str, str], log: Path, port: int | None = None) -> None:
-        self.port = port or _free_port()  # a port again: the same server restarted
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "stateguard_web.asgi:application"],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-
-    def wait_until_up(self) -> None:
-        def up() -> bool:
-            if self.proc.poll() is not None:
-                pytest.fail(f"daphne exited {self.proc.returncode}:\n{self.logs()}")
-            return _port_answers("127.0.0.1", self.port)
-
-        wait_for(up, 30, "daphne to listen", self.logs)
-
-    def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-
-    def logs(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def call(self, method: str, path: str, key: str, body: Any = None) -> tuple[int, Any]:
-        request = urllib.request.Request(
-            self.url + path, method=method,
-            data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            return error.code, json.loads(error.read())
+from tests.conftest import STRIPE_TEST_KEY
+from tests.web.conftest import ROOT, Server, Workers, wait_for
 
 
 @pytest.fixture

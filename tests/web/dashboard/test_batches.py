@@ -141,7 +141,7 @@ async def test_its_socket_forwards_the_batchs_progress_to_those_who_see_every_ru
     path = f"/ws/batches/{batch.code}/"
 
     def socket(cookie: bytes | None) -> WebsocketCommunicator:
-        headers = [(b"origin", b"http://localhost:8000")] + (
+        headers = [(b"origin", b"http://localhost:8000"), (b"host", b"localhost:8000")] + (
             [(b"cookie", cookie)] if cookie else [])
         return WebsocketCommunicator(application, path, headers=headers)
 
