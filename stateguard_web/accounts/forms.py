@@ -46,9 +46,11 @@ class _Throttled:
         try:
             return super().clean()  # type: ignore[misc]
         except ValidationError as exc:
-            if exc.code == "invalid_login" and (started := throttle.fail(
-                    counters, action="login.locked_out",
-                    data={"address": address, "username": username})):
+            # Only a wrong password: the admin's form also says "invalid_login" to a user who
+            # is not staff, whose password was right (no guess).
+            if exc.code == "invalid_login" and self.get_user() is None and (  # type: ignore[attr-defined]
+                    started := throttle.fail(counters, action="login.locked_out",
+                                             data={"address": address, "username": username})):
                 self._refuse(started)
             raise
 

@@ -99,6 +99,14 @@ class LoginThrottleTests(TestCase):
         assert b"Too many failed sign-ins for this username" in response.content
         assert not signed_in(client)
 
+    def test_it_does_not_count_a_right_password_that_the_admin_refuses(self) -> None:
+        make_user("olga", "operator", password=PASSWORD)  # not staff: no admin for her
+        for _ in range(6):
+            _, response = sign_in("olga", PASSWORD, path="admin:login")
+            assert b"Please enter the correct username and password" in response.content
+        client, response = sign_in("olga", PASSWORD)
+        assert response.status_code == 302 and signed_in(client)
+
     def test_it_does_not_count_what_never_reached_a_password_check(self) -> None:
         for _ in range(10):  # no password: a field error, no sign-in was tried
             _, response = sign_in("alice", "")
