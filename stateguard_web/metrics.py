@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from stateguard_web.accounts import access
+from stateguard_web.accounts import access, throttle
 from stateguard_web.accounts.services import KeyRefused, api_key_authenticate
 from stateguard_web.sagas.metrics import JournalCollector
 
@@ -109,9 +109,14 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         if scheme.lower() != "bearer" or not raw.strip():
             return _unauthorized("the Authorization header must be 'Bearer <API key>'")
         try:
-            user = api_key_authenticate(raw.strip()).user
+            user = api_key_authenticate(raw.strip(),
+                                        address=throttle.client_address(request)).user
         except KeyRefused as exc:
             return _unauthorized(str(exc))
+        except throttle.Throttled as exc:
+            response = HttpResponse(f"{exc}\n", status=429, content_type="text/plain")
+            response["Retry-After"] = str(exc.retry_after)
+            return response
     else:
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:

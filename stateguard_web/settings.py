@@ -216,6 +216,19 @@ CHANNEL_LAYERS = {
     },
 }
 
+# Django's cache, on the same Redis: the throttle's counts (accounts/throttle.py), which every
+# web process must share. Its keys start with "stateguard:"; never cache.clear() (it empties
+# the whole Redis database, the queue and the channel layer's too). Short timeouts: a hung
+# Redis must not hang a sign-in (the throttle then lets it through and logs why).
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "stateguard",
+        "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1},
+    },
+}
+
 # Celery (read by stateguard_web/celery.py with namespace="CELERY").
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
 # kombu's Redis transport with one Redis client per channel instead of one per publish
@@ -265,6 +278,33 @@ STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)
 # Batches (sagas/batches.py): the most runs one batch may take; POST /api/batches refuses a
 # larger selection (422). A worker goes through about a hundred runs a second.
 STATEGUARD_BATCH_MAX_RUNS = env.int("STATEGUARD_BATCH_MAX_RUNS", default=1000)
+
+# Throttling (accounts/throttle.py): failed sign-ins and failed API key lookups are counted per
+# client address and per account over a sliding window; past a limit, that address or account
+# is locked out (the login page says so, the API answers 429 with Retry-After) for the lock-out's
+# length, and an audit event records it. A limit of 0 turns its counter off.
+STATEGUARD_THROTTLE_WINDOW_SECONDS = env.int("STATEGUARD_THROTTLE_WINDOW_SECONDS", default=900)
+STATEGUARD_THROTTLE_LOCKOUT_SECONDS = env.int("STATEGUARD_THROTTLE_LOCKOUT_SECONDS", default=900)
+# Per address above an account's: people behind one office NAT share an address.
+STATEGUARD_LOGIN_FAILURES_PER_ADDRESS = env.int("STATEGUARD_LOGIN_FAILURES_PER_ADDRESS",
+                                                default=30)
+STATEGUARD_LOGIN_FAILURES_PER_ACCOUNT = env.int("STATEGUARD_LOGIN_FAILURES_PER_ACCOUNT",
+                                                default=10)
+STATEGUARD_API_KEY_FAILURES_PER_ADDRESS = env.int("STATEGUARD_API_KEY_FAILURES_PER_ADDRESS",
+                                                  default=20)
+STATEGUARD_API_KEY_FAILURES_PER_KEY = env.int("STATEGUARD_API_KEY_FAILURES_PER_KEY", default=20)
+# How many proxies in front of the web server append the client's address to X-Forwarded-For
+# (docs/deploy.md). 0: the connection's own address is the client's. Behind a proxy and left
+# at 0, every client has the proxy's address: one guesser locks everybody out.
+STATEGUARD_TRUSTED_PROXIES = env.int("STATEGUARD_TRUSTED_PROXIES", default=0)
+for _name in ("STATEGUARD_THROTTLE_WINDOW_SECONDS", "STATEGUARD_THROTTLE_LOCKOUT_SECONDS"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1 (seconds)")
+for _name in ("STATEGUARD_LOGIN_FAILURES_PER_ADDRESS", "STATEGUARD_LOGIN_FAILURES_PER_ACCOUNT",
+              "STATEGUARD_API_KEY_FAILURES_PER_ADDRESS", "STATEGUARD_API_KEY_FAILURES_PER_KEY",
+              "STATEGUARD_TRUSTED_PROXIES"):
+    if globals()[_name] < 0:
+        raise ImproperlyConfigured(f"{_name} must be 0 or more")
 
 # Notifications (sagas/notifications.py): operators are told when a run waits for an approval or
 # needs attention, once per event, by e-mail and/or a webhook, from a task of their own.

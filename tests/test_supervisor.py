@@ -16,6 +16,7 @@ import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.conftest import _port_answers
 
 ROOT = Path(__file__).resolve().parent.parent
 SUPERVISE = ROOT / "tools" / "supervise.py"
@@ -320,3 +323,22 @@ def test_it_lets_make_stop_on_ctrl_c_without_an_error(tmp_path: Path) -> None:
     # handling the signal); either way no error, which is what a user sees; never a failure.
     assert ((os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGINT)
             or (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)), status
+
+
+def test_make_run_refuses_to_start_while_the_embedded_redis_port_is_taken() -> None:
+    # The report: a Redis left behind on 6390 by another checkout's `make run` was used by the
+    # next one's web and worker (that checkout's queue and data). run_dev refuses it, as it
+    # refuses 8000 and 8420, before it writes or starts anything. A database that cannot be
+    # reached, so that a run_dev that did not refuse stops at its migration.
+    env = {**os.environ, "STATEGUARD_ENV_FILE": "",
+           "DATABASE_URL": "postgres://nobody@127.0.0.1:1/none"}
+    with contextlib.ExitStack() as stack:
+        if not _port_answers("127.0.0.1", 6390):  # else something listens there already
+            taken = stack.enter_context(socket.socket())
+            taken.bind(("127.0.0.1", 6390))
+            taken.listen()
+        result = subprocess.run([sys.executable, str(ROOT / "tools" / "run_dev.py")], env=env,
+                                capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "port in use on 127.0.0.1:" in result.stderr
+    assert "6390 (embedded Redis)" in result.stderr

@@ -27,8 +27,9 @@ PROCFILE = "Procfile.dev"
 PASSWORD_FILE = ROOT / "var" / "admin-password.txt"
 DASHBOARD_URL = "http://127.0.0.1:8000/"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
-# The embedded Redis (6390) is not checked: a stale one left by a killed run is adopted.
-PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)"}
+# Whatever answers on one of these is not this stack's: another `make run` (maybe from another
+# checkout), or a process one left behind. Using it would mix that one's queue and data in.
+PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 6390: "embedded Redis"}
 
 
 def _port_in_use(port: int) -> bool:
@@ -75,7 +76,8 @@ def main() -> int:
     os.chdir(ROOT)
     busy = [f"{port} ({what})" for port, what in PORTS.items() if _port_in_use(port)]
     if busy:
-        print(f"run_dev: port in use on 127.0.0.1: {', '.join(busy)}", file=sys.stderr)
+        print(f"run_dev: port in use on 127.0.0.1: {', '.join(busy)}; stop what listens there "
+              "(`ss -ltnp` names it) and try again", file=sys.stderr)
         return 1
 
     if not (ROOT / ".env").exists():

@@ -11,7 +11,11 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from stateguard_web.accounts import services
+from stateguard_web.accounts.forms import AdminLoginForm
 from stateguard_web.accounts.models import ApiKey
+
+# The admin's login is throttled as the dashboard's is (accounts/throttle.py).
+admin.site.login_form = AdminLoginForm
 
 
 @admin.register(ApiKey)

@@ -1,7 +1,8 @@
 """Writes for accounts: API keys (make, check, revoke) and service users in a role.
 
 Errors: ``KeyRefused`` (the key is unknown, revoked or expired, or its user inactive; the
-API's 401) and ``UnknownRole``.
+API's 401), ``throttle.Throttled`` (too many failed keys from the address, or wrong secrets
+for the key: the API's 429) and ``UnknownRole``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import OuterRef, Q, TextField
 from django.utils import timezone
 
+from stateguard_web.accounts import throttle
 from stateguard_web.accounts.backends import permission_names, remember_permissions
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.roles import ROLES, Role
@@ -103,27 +105,43 @@ def api_key_revoke(*, key: ApiKey, by: AbstractBaseUser | str | None = None) -> 
     return bool(revoked)
 
 
-def api_key_authenticate(raw: str) -> ApiKey:
+def api_key_authenticate(raw: str, *, address: str | None) -> ApiKey:
     """The active key ``raw`` is, with its user; ``KeyRefused`` otherwise.
 
     One query reads the key, its user and (on PostgreSQL) the user's permissions, which
     ``has_perm`` then answers from: a revoked key, an expired one or a permission taken away
     counts from the next request on. The secret is compared in constant time. Whether a key
     was revoked or expired is said only to whoever presents the whole key (a wrong secret gets
-    the same answer as no key at all)."""
-    if not _KEY_SHAPE.fullmatch(raw):  # nothing else reaches the database
-        raise KeyRefused("invalid API key")
+    the same answer as no key at all).
+
+    ``address`` is the client's (``throttle.client_address``): a refused key counts against it
+    and, when the key exists, against the key; ``throttle.Throttled`` once either is locked
+    out (see the throttle's docstring for which keys that refuses). None for a caller that is
+    no client (a shell), whose failures nothing counts."""
     prefix = raw[:_PREFIX_LENGTH]
-    try:
-        if connection.vendor == "postgresql":
-            key = _KEY.get(prefix)
-        else:
-            key = ApiKey.objects.select_related("user").get(prefix=prefix)
-    except ApiKey.DoesNotExist:
-        key = None
+    by_address, by_key = ([], []) if address is None else throttle.api_key_counters(
+        address=address, prefix=prefix)
+    # One read for both lock-outs: what throttling costs a good key.
+    lock = throttle.lock_of(by_address + by_key)
+    if lock is not None and lock.counter in by_address:
+        raise lock
+    key = None
+    if _KEY_SHAPE.fullmatch(raw):  # nothing else reaches the database
+        try:
+            if connection.vendor == "postgresql":
+                key = _KEY.get(prefix)
+            else:
+                key = ApiKey.objects.select_related("user").get(prefix=prefix)
+        except ApiKey.DoesNotExist:
+            pass
     # Compare a hash even when no key has this prefix, so that both take the same time.
     if not hmac.compare_digest(_hash(raw), key.hashed if key else _DUMMY_HASH) or key is None:
-        raise KeyRefused("invalid API key")
+        started = throttle.fail(by_address + (by_key if key is not None else []),
+                                action="api_key.locked_out",
+                                data={"address": address, **({"key": prefix} if key else {})})
+        # A lock-out on the key refuses its wrong secrets only.
+        raise started or lock or KeyRefused("invalid API key")
+    # The whole key was presented: no guess, so nothing below is counted.
     if key.revoked_at is not None:
         raise KeyRefused("API key revoked")
     if key.expired:

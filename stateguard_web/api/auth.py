@@ -19,6 +19,7 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
+from stateguard_web.accounts import throttle
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.services import KeyRefused, api_key_authenticate
 from stateguard_web.sagas.services import Actor, By
@@ -53,7 +54,10 @@ class KeyAuth(HttpBearer):
 
     def authenticate(self, request: HttpRequest, token: str) -> Principal:
         try:
-            key = api_key_authenticate(token.strip())
+            # Both ways in pass here (asgi.KeyedApiHandler's and the site's), and so the
+            # throttle of failed keys: throttle.Throttled is the error map's 429.
+            key = api_key_authenticate(token.strip(),
+                                       address=throttle.client_address(request))
         except KeyRefused as exc:
             raise AuthenticationError(401, str(exc)) from None
         request.user = key.user  # for anything downstream that reads request.user

@@ -19,8 +19,9 @@ from stateguard_web.sagas.models import Run
 def errors(*codes: int) -> dict[int, Any]:
     """The error responses an operation may give, for the OpenAPI schema: a client, or a
     fuzzer, finds each status it can get documented. Every operation may give 401 and 403,
-    413 (a body too large is refused before anything else, whatever the method) and 500."""
-    return {code: ErrorOut for code in sorted({401, 403, 413, 500, *codes})}
+    413 (a body too large is refused before anything else, whatever the method), 429 (too
+    many refused keys: accounts/throttle.py) and 500."""
+    return {code: ErrorOut for code in sorted({401, 403, 413, 429, 500, *codes})}
 
 
 def run_for(request: HttpRequest, code: uuid.UUID, ability: Ability,

@@ -13,6 +13,8 @@
  422   ``invalid``             a field is wrong; ``errors`` names each one
  422   ``idempotency_conflict`` the idempotency key was used for another submission
  422   ``invalid``             a batch's selection: empty, too large, unknown runs
+ 429   ``throttled``           too many failed API keys from the address (or wrong
+                               secrets for the key): ``Retry-After`` says for how long
  500   ``internal_error``      a bug: logged with its traceback, never shown
 =====  ======================  ====================================================
 
@@ -35,6 +37,7 @@ from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
 
+from stateguard_web.accounts.throttle import Throttled
 from stateguard_web.api.auth import CsrfFailed
 from stateguard_web.sagas import batches, selectors, services
 
@@ -178,6 +181,12 @@ def install(api: NinjaAPI) -> None:
     @on(services.ActionNotAllowed)
     def not_allowed(request: HttpRequest, exc: Exception) -> HttpResponse:
         return _error(api, request, 409, "not_allowed_now", str(exc))
+
+    @on(Throttled)
+    def throttled(request: HttpRequest, exc: Throttled) -> HttpResponse:
+        response = _error(api, request, 429, "throttled", str(exc))
+        response["Retry-After"] = str(exc.retry_after)
+        return response
 
     @on(PermissionDenied)
     def denied(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
@@ -22,6 +23,7 @@ from django.views.decorators.http import require_POST
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
+from stateguard_web.accounts.forms import LoginForm
 from stateguard_web.dashboard import pages
 from stateguard_web.dashboard.forms import (
     CompensateForm,
@@ -31,6 +33,20 @@ from stateguard_web.dashboard.forms import (
 )
 from stateguard_web.sagas import runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
+
+
+class LoginView(auth_views.LoginView):
+    """Django's, with the throttled form: a lock-out is the page with its message, as 429."""
+
+    form_class = LoginForm
+    redirect_authenticated_user = True
+
+    def form_invalid(self, form: LoginForm) -> HttpResponse:
+        response = super().form_invalid(form)
+        if form.throttled is not None:
+            response.status_code = 429
+            response["Retry-After"] = str(form.throttled.retry_after)
+        return response
 
 
 def _run_for(request: HttpRequest, code: uuid.UUID, ability: Ability) -> Run:

@@ -251,3 +251,19 @@ def daphne(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Se
         yield server
     finally:
         server.stop()
+@pytest.fixture(autouse=True)
+def _no_throttle_left() -> None:
+    """Each test starts with no failed sign-in or key counted and nobody locked out
+    (accounts/throttle.py): every request of the test client comes from 127.0.0.1, so the
+    refused keys of earlier tests would add up to a lock-out."""
+    import redis
+    from django.conf import settings
+    from django.core.cache import cache
+
+    try:
+        with redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1) as r:
+            stale = list(r.scan_iter(match=cache.make_key("throttle:*"), count=1000))
+            if stale:
+                r.delete(*stale)
+    except redis.ConnectionError:
+        pass  # no Redis for this test: nothing was counted either

@@ -115,7 +115,7 @@ def test_a_key_is_read_with_its_permissions_and_a_revocation_counts_at_once() ->
     alice = make_user("alice", "submitter")
     key, raw = services.api_key_create(user=alice, name="ci")
     with CaptureQueriesContext(connection) as queries:
-        found = services.api_key_authenticate(raw)
+        found = services.api_key_authenticate(raw, address=None)
         assert found.user.has_perm("sagas.submit_run")
         assert not found.user.has_perm("sagas.operate_run")
     assert len(queries) == 2  # the key with its permissions; its last use, once a minute
@@ -124,7 +124,7 @@ def test_a_key_is_read_with_its_permissions_and_a_revocation_counts_at_once() ->
         for p in Permission.objects.filter(group__user=alice)}
     ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
     with pytest.raises(services.KeyRefused, match="revoked"):
-        services.api_key_authenticate(raw)
+        services.api_key_authenticate(raw, address=None)
 
 
 def test_it_converts_a_long_statement_for_the_server_once_per_process(monkeypatch) -> None:

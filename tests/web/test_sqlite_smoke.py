@@ -25,7 +25,8 @@ print(json.dumps({r.input["name"]: [r.status, list(r.steps.values_list("status",
 from stateguard_web.accounts import access, services as accounts
 from stateguard_web.sagas import selectors
 user, _ = accounts.service_user_ensure(username="lite-bot", role="operator")
-key = accounts.api_key_authenticate(accounts.api_key_create(user=user, name="lite")[1])
+key = accounts.api_key_authenticate(accounts.api_key_create(user=user, name="lite")[1],
+                                   address=None)
 detail = selectors.run_detail(run=selectors.run_get(code=bad.code, detail=True))
 print(json.dumps([access.may(key.user, access.Ability.OPERATE), len(detail["steps"]),
                   len(detail["compensations"][0]["attempts"]), len(detail["audit"])]))

@@ -36,7 +36,7 @@ class KeyTests(TestCase):
         stored = ApiKey.objects.get()
         assert stored.hashed == hashlib.sha256(raw.encode()).hexdigest()
         assert raw not in str(list(ApiKey.objects.values()))
-        assert services.api_key_authenticate(raw).user == self.alice
+        assert services.api_key_authenticate(raw, address=None).user == self.alice
 
     def test_it_refuses_wrong_revoked_expired_and_inactive_keys(self) -> None:
         key, raw = services.api_key_create(user=self.alice, name="billing")
@@ -44,54 +44,56 @@ class KeyTests(TestCase):
                       "sg_00000000_" + raw[12:], raw + "\x00", "Bearer " + raw]:
             with self.subTest(key=wrong), pytest.raises(services.KeyRefused,
                                                         match="invalid API key"):
-                services.api_key_authenticate(wrong)
+                services.api_key_authenticate(wrong, address=None)
         with time_machine.travel(timezone.now() + timedelta(days=1)):
             key.expires_at = timezone.now()
             key.save()
             with pytest.raises(services.KeyRefused, match="expired"):
-                services.api_key_authenticate(raw)
+                services.api_key_authenticate(raw, address=None)
         key.expires_at = None
         key.save()
         assert services.api_key_revoke(key=key, by="carol")
         assert not services.api_key_revoke(key=key, by="carol")  # once
         with pytest.raises(services.KeyRefused, match="revoked"):
-            services.api_key_authenticate(raw)
+            services.api_key_authenticate(raw, address=None)
         _, other = services.api_key_create(user=make_user("gone", is_active=False), name="x")
         with pytest.raises(services.KeyRefused, match="inactive"):
-            services.api_key_authenticate(other)
+            services.api_key_authenticate(other, address=None)
         assert [e.action for e in AuditEvent.objects.order_by("pk")] == [
             "api_key.created", "api_key.revoked", "api_key.created"]
 
     def test_it_reads_the_users_permissions_with_the_key_and_anew_for_each_request(
             self) -> None:
         _, raw = services.api_key_create(user=self.alice, name="billing")
-        services.api_key_authenticate(raw)  # its first use, written
+        services.api_key_authenticate(raw, address=None)  # its first use, written
         with self.assertNumQueries(1):  # the key, its user and the user's permissions
-            user = services.api_key_authenticate(raw).user
+            user = services.api_key_authenticate(raw, address=None).user
             assert access.may(user, Ability.SUBMIT) and not access.may(user, Ability.OPERATE)
         assert user.get_all_permissions() == {"sagas.submit_run"}
         self.alice.groups.clear()  # the role taken away counts from the next request
-        assert not access.may(services.api_key_authenticate(raw).user, Ability.SUBMIT)
+        assert not access.may(services.api_key_authenticate(raw, address=None).user,
+                              Ability.SUBMIT)
         root = get_user_model().objects.create_superuser("root")
         _, raw = services.api_key_create(user=root, name="all")
-        services.api_key_authenticate(raw)
+        services.api_key_authenticate(raw, address=None)
         with self.assertNumQueries(1):
-            assert access.may(services.api_key_authenticate(raw).user, Ability.OPERATE)
+            assert access.may(services.api_key_authenticate(raw, address=None).user,
+                              Ability.OPERATE)
 
     def test_it_records_the_last_use_at_most_once_a_minute(self) -> None:
         key, raw = services.api_key_create(user=self.alice, name="billing")
         start = timezone.now()
         with time_machine.travel(start, tick=False):
             with self.assertNumQueries(2):  # the key, and the one write
-                services.api_key_authenticate(raw)
+                services.api_key_authenticate(raw, address=None)
             with self.assertNumQueries(1):  # the key only
-                services.api_key_authenticate(raw)
+                services.api_key_authenticate(raw, address=None)
         with time_machine.travel(start + timedelta(seconds=59), tick=False):
-            services.api_key_authenticate(raw)
+            services.api_key_authenticate(raw, address=None)
         key.refresh_from_db()
         assert key.last_used_at == start
         with time_machine.travel(start + timedelta(seconds=61), tick=False):
-            services.api_key_authenticate(raw)
+            services.api_key_authenticate(raw, address=None)
         key.refresh_from_db()
         assert key.last_used_at == start + timedelta(seconds=61)
 
@@ -144,7 +146,7 @@ class CreateApiKeyTests(TestCase):
         raw = out.getvalue().strip()
         assert KEY_SHAPE.fullmatch(raw)  # stdout: the key alone, for $(...)
         assert raw not in err.getvalue() and "billing-bot" in err.getvalue()
-        key = services.api_key_authenticate(raw)
+        key = services.api_key_authenticate(raw, address=None)
         assert key.user.username == "billing-bot" and not key.user.has_usable_password()
         assert list(key.user.groups.values_list("name", flat=True)) == ["submitter"]
         assert timedelta(days=29) < key.expires_at - timezone.now() <= timedelta(days=30)
@@ -175,7 +177,7 @@ class KeyAdminTests(TestCase):
         (raw,) = KEY_SHAPE.findall(response.content.decode())
         key = ApiKey.objects.get()
         assert key.user == self.alice and key.prefix in raw
-        assert services.api_key_authenticate(raw) == key
+        assert services.api_key_authenticate(raw, address=None) == key
         page = self.client.get(f"/admin/accounts/apikey/{key.pk}/change/").content.decode()
         assert key.prefix in page and raw not in page
 
@@ -186,6 +188,6 @@ class KeyAdminTests(TestCase):
         key.refresh_from_db()
         assert key.revoked_at is not None
         with pytest.raises(services.KeyRefused, match="revoked"):
-            services.api_key_authenticate(raw)
+            services.api_key_authenticate(raw, address=None)
         response = self.client.post(f"/admin/accounts/apikey/{key.pk}/delete/", {"post": "yes"})
         assert response.status_code == 403 and ApiKey.objects.filter(pk=key.pk).exists()

@@ -344,3 +344,34 @@ def test_an_operator_approves_an_ai_agents_tool_call_from_its_page(
     assert [c.amount for c in stripe_client.v1.charges.list().data] == [250_00]
     shot(page, "21-tool-run-succeeded")
     context.close()
+
+
+def test_a_person_locked_out_after_wrong_passwords_is_told_why_and_for_how_long(
+        browser: Any, people: dict[str, Any], tmp_path: Path) -> None:
+    """Three wrong passwords for olivia (the limit here), then the right one: still refused,
+    with the message; at 390 px too. Sign-ins are throttled (accounts/throttle.py)."""
+    env = {**Workers(tmp_path / "sandbox", tmp_path).env, "STATEGUARD_ENV_FILE": "",
+           "STATEGUARD_LOGIN_FAILURES_PER_ACCOUNT": "3"}
+    server = Server(env, tmp_path / "daphne.log")
+    try:
+        server.wait_until_up()
+        for viewport, name in [(WIDE, "22-login-locked-out"), (PHONE, "23-phone-login-locked-out")]:
+            context = browser.new_context(viewport=viewport)
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.goto(server.url + "/login/")
+            for password in ["guess-1", "guess-2", "guess-3", PASSWORD]:
+                page.fill("#id_username", "olivia")
+                page.fill("#id_password", password)
+                page.click("form button[type=submit]")
+                page.wait_for_load_state()
+            alert = page.locator("[role=alert]")
+            assert "Too many failed sign-ins for this username" in alert.inner_text()
+            assert "try again in 15 minutes" in alert.inner_text()
+            assert page.url == server.url + "/login/"  # not let in with the right password
+            assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+            shot(page, name)
+            context.close()
+    finally:
+        server.stop()
+    assert AuditEvent.objects.filter(action="login.locked_out").count() == 1
