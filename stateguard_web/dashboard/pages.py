@@ -23,6 +23,7 @@ from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard import graph
+from stateguard_web.payments import selectors as payments
 from stateguard_web.sagas import runtime, selectors
 from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
 
@@ -188,6 +189,7 @@ class RunPage:
     failed_step: Step | None = None
     request: str | None = None
     can_operate: bool = False
+    refundable: set[int] = field(default_factory=set)  # the ledger's charges to offer a refund
 
 
 def run_page(*, run: Run, user: Any) -> RunPage:
@@ -215,6 +217,8 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         failed_step=failed_step, request=waiting, can_operate=can_operate)
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
+    if access.may(user, Ability.REFUND, run):
+        page.refundable = {e.pk for e in page.effects if payments.refundable(e)}
     return page
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from stateguard_web.dashboard import batches, views
+from stateguard_web.dashboard import batches, refunds, views
 
 app_name = "dashboard"
 
@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<uuid:code>/resolve", views.run_resolve, name="resolve"),
     path("runs/<uuid:code>/compensations/<int:pk>/retry", views.compensation_retry,
          name="retry_compensation"),
+    path("runs/<uuid:code>/effects/<int:pk>/refund", refunds.effect_refund, name="refund"),
     path("batches/new", batches.batch_new, name="batch_new"),
     path("batches/", batches.batch_create, name="batch_create"),
     path("batches/<uuid:code>/", batches.batch_detail, name="batch"),

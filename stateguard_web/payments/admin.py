@@ -6,7 +6,8 @@
   run's effects inline, a "Refund" action (all its charges) and "Verify with Stripe".
 
 Both refunds go through a confirmation page (``<object>/refund/``) that shows each charge as
-Stripe and the ledger see it now, and posts a ``RefundForm``. The actions and the page need
+Stripe and the ledger see it now, and posts a ``RefundForm``: ``confirmation.refund_confirm``,
+the one the dashboard's run page uses too. The actions and the page need
 ``payments.refund_effect`` (``accounts.access``: Ability.REFUND); without it the actions are
 not offered and the page is a 403.
 """
@@ -25,15 +26,12 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
-from stateguard import lifecycle
-from stateguard.lifecycle import Action
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.payments import reconcile, selectors, services
+from stateguard_web.payments import reconcile, selectors
 from stateguard_web.payments import stripe_client as stripe_module
-from stateguard_web.payments.forms import RefundForm, seen_token
+from stateguard_web.payments.confirmation import refund_confirm
 from stateguard_web.payments.models import LedgerEffect
-from stateguard_web.payments.selectors import ChargeState, ChargeUnreadable
 from stateguard_web.sagas import admin as sagas_admin
 from stateguard_web.sagas.models import Effect, Run
 
@@ -76,87 +74,22 @@ class RefundActions:
                     back: str, title: str) -> HttpResponse:
         if not _may_refund(request):
             raise PermissionDenied("refunds need the payments.refund_effect permission")
-        client = stripe_module.client()
-        offers_resolve = lifecycle.refusal(Action.RESOLVE, run.status) is None
-        states, error = _states(charges, client)
-        form = _form(states, offers_resolve)
-        refused = request.method == "POST"  # unless the form is wrong or the refund made
-        if form is not None and request.method == "POST":
-            form = RefundForm(request.POST, states=form.states, offers_resolve=offers_resolve)
-            refused = form.is_valid()
-            if form.is_valid():
-                try:
-                    done = _refund(request, run, charges, form.cleaned_data)
-                except services.RefundError as exc:
-                    states, unreadable = _states(charges, client)  # as it is now
-                    error = f"{exc} {unreadable}".strip()
-                    form = _form(states, offers_resolve, {
-                        k: form.cleaned_data.get(k) for k in ("amount", "reason")})
-                else:
-                    self._told(request, done)
-                    return HttpResponseRedirect(back)
-        if states and form is None:
-            error = error or "Nothing remains to be refunded."
+        confirmation = refund_confirm(
+            run=run, charges=charges, by=request.user,
+            data=request.POST if request.method == "POST" else None)
+        if confirmation.done:
+            for level, text in confirmation.told():
+                self.message_user(request, text, level)
+            return HttpResponseRedirect(back)
         context = {
             **self.admin_site.each_context(request), "title": title, "run": run,
-            "states": states or [], "form": form, "error": error, "back": back,
-            "opts": LedgerEffect._meta,
+            "states": confirmation.states or [], "form": confirmation.form,
+            "error": confirmation.error, "back": back, "opts": LedgerEffect._meta,
             "run_url": reverse("admin:sagas_run_change", args=[run.pk]),
-            "total_remaining": _total(states or []),
+            "total_remaining": confirmation.total_remaining,
         }
         return TemplateResponse(request, "admin/payments/refund.html", context,
-                                status=409 if refused else 200)
-
-    def _told(self, request: HttpRequest, done: list[services.Refund]) -> None:
-        for refund in done:
-            said = str(refund)
-            self.message_user(request, f"{said[:1].upper()}{said[1:]}.", messages.SUCCESS)
-        last = done[-1]
-        if last.resolved:
-            self.message_user(request, f"Run {last.charge.run.code} is resolved (compensated "
-                                       "by hand).", messages.SUCCESS)
-        elif last.resolve_refused:
-            self.message_user(request, f"The run was not resolved: {last.resolve_refused}",
-                              messages.WARNING)
-
-
-def _states(charges: list[Effect], client: Any) -> tuple[list[ChargeState] | None, str]:
-    try:
-        return [selectors.charge_state(effect=c, client=client) for c in charges], ""
-    except ChargeUnreadable as exc:
-        return None, f"Stripe cannot be read now, so nothing can be refunded: {exc}"
-
-
-def _total(states: list[ChargeState]) -> str:
-    currencies = {s.currency for s in states}
-    total = sum(s.remaining for s in states)
-    return stripe_module.money(total, currencies.pop()) if len(currencies) == 1 else str(total)
-
-
-def _form(states: list[ChargeState] | None, offers_resolve: bool,
-          data: dict[str, Any] | None = None) -> RefundForm | None:
-    """A new form for what Stripe shows now, or None when nothing can be refunded."""
-    if not states or not any(s.remaining > 0 for s in states):
-        return None
-    return RefundForm(initial={**(data or {}), "seen": seen_token(states)}, states=states,
-                      offers_resolve=offers_resolve)
-
-
-def _refund(request: HttpRequest, run: Run, charges: list[Effect],
-            data: dict[str, Any]) -> list[services.Refund]:
-    seen: dict[int, int] = data["seen"]
-    resolve = bool(data.get("resolve"))
-    if len(charges) == 1:  # the ledger's page: this charge only
-        charge = charges[0]
-        if charge.pk not in seen:
-            raise services.RefundError("nothing remained to be refunded of "
-                                       f"{charge.external_id} when this page was shown; "
-                                       "look again")
-        return [services.effect_refund(effect=charge, amount=data.get("amount"),
-                                       reason=data["reason"], by=request.user,
-                                       seen_refunded=seen[charge.pk], resolve=resolve)]
-    return services.run_refund(run=run, amount=data.get("amount"), reason=data["reason"],
-                               by=request.user, seen_refunded=seen, resolve=resolve)
+                                status=409 if confirmation.refused else 200)
 
 
 def _object(queryset: QuerySet[Any], object_id: str) -> Any:

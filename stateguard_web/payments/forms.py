@@ -24,6 +24,12 @@ def seen_token(states: list[ChargeState]) -> str:
                          salt=_SALT)
 
 
+# Text, not a number input: in Chromium (measured) a number input drops what it does not take
+# as it is typed, so "12,5" is sent as 125 and "abc" as an empty amount, which means "all that
+# remains". A text input sends what was typed, and the form says what is wrong with it.
+AMOUNT_INPUT = forms.TextInput(attrs={"inputmode": "numeric", "autocomplete": "off"})
+
+
 class RefundForm(forms.Form):
     amount = forms.IntegerField(required=False)  # replaced in __init__, or removed
     reason = forms.CharField(
@@ -46,7 +52,7 @@ class RefundForm(forms.Form):
             limit = (f"At most {state.remaining} ({state.show(state.remaining)}) remains to be "
                      f"refunded of {state.effect.external_id}.")
             self.fields["amount"] = forms.IntegerField(
-                required=False, min_value=1, max_value=state.remaining,
+                required=False, min_value=1, max_value=state.remaining, widget=AMOUNT_INPUT,
                 label=f"Amount in the smallest unit of {state.currency.upper()} (cents)",
                 help_text=f"Empty: all that remains, {state.remaining} "
                           f"({state.show(state.remaining)}).",

@@ -11,8 +11,8 @@ from django.db.models import QuerySet, Sum
 from stateguard_web.payments.stripe_client import charge_id_of, money
 from stateguard_web.sagas.models import Effect, Run
 
-__all__ = ["ChargeState", "ChargeUnreadable", "charge_state", "ledger_refunded", "run_charges",
-           "stripe_charge", "stripe_error_message"]
+__all__ = ["ChargeState", "ChargeUnreadable", "charge_state", "ledger_refunded", "refundable",
+           "run_charges", "stripe_charge", "stripe_error_message"]
 
 STRIPE = "stripe"
 
@@ -24,6 +24,13 @@ class ChargeUnreadable(LookupError):
 def run_charges(*, run: Run) -> QuerySet[Effect]:
     """The run's Stripe charges in the ledger, oldest first (the order refunds lock them in)."""
     return run.effects.filter(provider=STRIPE, kind="charge").order_by("pk")
+
+
+def refundable(effect: Effect) -> bool:
+    """Whether the ledger offers ``effect`` for a refund by hand: a Stripe charge that it does
+    not hold refunded in full. (What may be refunded is Stripe's to say, when asked.)"""
+    return (effect.provider == STRIPE and effect.kind == "charge"
+            and effect.status != Effect.Status.COMPENSATED)
 
 
 def ledger_refunded(*, effect: Effect) -> int:

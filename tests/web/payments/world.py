@@ -120,11 +120,16 @@ class StripeProxy:
 
     * ``"refused"``: a 400 from "Stripe" (localstripe is not asked);
     * ``"down"``: a 500 (Stripe failing on its side; not asked either);
-    * ``"lost"``: localstripe does it, and the answer is lost (the connection is closed)."""
+    * ``"lost"``: localstripe does it, and the answer is lost (the connection is closed).
+
+    A request in ``held`` (method, path → an event) waits, before it is forwarded, until its
+    event is set (at most a minute): Stripe slow to answer. ``arrived`` is set when one came."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.faults: dict[tuple[str, str], str] = {}
+        self.held: dict[tuple[str, str], threading.Event] = {}
+        self.arrived = threading.Event()
         self.seen: list[tuple[str, str]] = []
         proxy = self
 
@@ -135,6 +140,10 @@ class StripeProxy:
             def _forward(self) -> None:
                 path = self.path.split("?")[0]
                 proxy.seen.append((self.command, path))
+                release = proxy.held.get((self.command, path))
+                if release is not None:
+                    proxy.arrived.set()
+                    release.wait(timeout=60)
                 fault = proxy.faults.get((self.command, path))
                 if fault in ("refused", "down"):
                     status, kind = (400, "invalid_request_error") if fault == "refused" \
