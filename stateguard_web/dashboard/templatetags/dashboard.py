@@ -14,72 +14,29 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from stateguard_web.dashboard import pages
+from stateguard_web.dashboard import labels, pages
 
 register = template.Library()
-
-# status -> (colour class, symbol, words). The symbol is decoration (aria-hidden); the words
-# say the status, so colour is never the only sign of it.
-BADGES: dict[str, dict[str, tuple[str, str, str]]] = {
-    "run": {
-        "pending": ("idle", "◌", "pending"),
-        "running": ("run", "●", "running"),
-        "paused": ("wait", "‖", "paused"),
-        "failed": ("bad", "✕", "failed"),
-        "succeeded": ("ok", "✓", "succeeded"),
-        "compensating": ("run", "↺", "compensating"),
-        "compensated": ("undo", "↩", "compensated"),
-        "needs_attention": ("bad", "⚠", "needs attention"),
-    },
-    "step": {
-        "started": ("run", "●", "running"),
-        "paused": ("wait", "‖", "paused"),  # interrupt() in its body: it runs again on resume
-        "succeeded": ("ok", "✓", "succeeded"),
-        "failed": ("bad", "✕", "failed"),
-        "violated": ("bad", "⚠", "invariant violated"),
-    },
-    "compensation": {
-        "running": ("run", "↺", "compensating"),
-        "succeeded": ("undo", "↩", "undone"),
-        "nothing_to_undo": ("idle", "○", "nothing to undo"),
-        "failed": ("bad", "✕", "failed"),
-        "skipped_in_doubt": ("warn", "?", "skipped (in doubt)"),
-    },
-    "approval": {
-        "pending": ("wait", "‖", "awaiting decision"),
-        "approved": ("ok", "✓", "approved"),
-        "rejected": ("bad", "✕", "rejected"),
-    },
-    "batch": {
-        "running": ("run", "●", "running"),
-        "done": ("ok", "✓", "done"),
-        "cancelled": ("idle", "■", "cancelled"),
-    },
-    "batch_item": {
-        "pending": ("idle", "◌", "pending"),
-        "done": ("ok", "✓", "done"),
-        "skipped": ("warn", "↷", "skipped"),
-        "failed": ("bad", "✕", "failed"),
-    },
-    "effect": {
-        "applied": ("ok", "●", "applied"),
-        "partially_compensated": ("warn", "◐", "partly undone"),
-        "compensated": ("undo", "↩", "undone"),
-        "undoes": ("undo", "↩", "undoes"),  # a refund: the ledger settles it "compensated"
-    },
-}
 
 
 @register.simple_tag
 def badge(kind: str, status: str) -> SafeString:
-    css, symbol, words = BADGES.get(kind, {}).get(status, ("idle", "•", status))
-    return format_html('<span class="badge st-{}" data-status="{}"><span aria-hidden="true">'
-                       "{}</span> {}</span>", css, status, symbol, words)
+    """A status as a badge: colour, symbol and words (``labels``), its meaning as a tooltip."""
+    shown = labels.label(kind, status)
+    title = format_html(' title="{}"', shown.meaning) if shown.meaning else ""
+    return format_html('<span class="badge st-{}" data-status="{}"{}><span aria-hidden="true">'
+                       "{}</span> {}</span>", shown.css, status, title, shown.symbol,
+                       shown.words)
 
 
 @register.simple_tag
 def badge_css(kind: str, status: str) -> str:
-    return BADGES.get(kind, {}).get(status, ("idle", "", ""))[0]
+    return labels.label(kind, status).css
+
+
+@register.simple_tag
+def graph_legend() -> tuple[labels.Label, ...]:
+    return labels.LEGEND
 
 
 @register.simple_tag

@@ -11,7 +11,7 @@ from django.test import Client
 from django.utils import timezone
 
 from stateguard_web.dashboard import pages
-from stateguard_web.sagas.models import Approval, AuditEvent, Run
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
 
 ACTION_URL = re.compile(r'action="/runs/[0-9a-f-]+/(approve|reject|retry|compensate|resolve|'
@@ -202,6 +202,67 @@ class PageTests(DashboardWorld):
         stuck = self.client_for("vera").get(self.url(self.stuck)).content.decode()
         assert 'st-bad" data-node="allocate_port"' in stuck  # its undo failed
         assert 'st-undo" data-node="write_config"' in stuck
+
+    def test_it_shows_a_step_cut_off_by_a_dead_worker_as_in_doubt_everywhere(self) -> None:
+        """Recovery unwound the run (compensated) and the cut-off step stays "started" in the
+        journal: the page calls it in doubt (step list, graph, legend), says what that means,
+        and what its compensation found; never "running"."""
+        from tests.web.dashboard.world import step
+
+        run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
+                                 submitted_by=self.alice, input={"name": "web-7"})
+        step(run, "create_workspace", 1)
+        cut = step(run, "write_config", None, Step.Status.STARTED, finished_at=None)
+        Compensation.objects.create(run=run, step=cut, node="write_config",
+                                    idempotency_key="k-cut",
+                                    status=Compensation.Status.NOTHING_TO_UNDO)
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert 'data-node="write_config" data-status="in_doubt"' in html
+        badge = re.search(r'<span class="badge st-warn" data-status="in_doubt" title="([^"]+)">'
+                          r'<span aria-hidden="true">\?</span> in doubt</span>', html)
+        assert badge and "Whether it had its effect is unknown." in badge[1]
+        note = re.search(r'<p class="note" data-in-doubt>([^<]+)</p>', html)
+        assert note and note[1].endswith("Its compensation looked and found nothing to undo.")
+        svg = html[html.index("<svg"):html.index("</svg>")]
+        node = re.search(r'<g class="graph-node st-warn" data-node="write_config"><title>'
+                         r'([^<]+)</title>.*?<text class="graph-status"[^>]*>([^<]+)</text>',
+                         svg)
+        assert node and node[2] == "in doubt · nothing to undo"
+        assert node[1].startswith("write_config: in doubt · nothing to undo. Started and")
+        statuses = re.findall(r'<text class="graph-status"[^>]*>([^<]+)</text>', svg)
+        assert not any("running" in words for words in statuses), statuses
+        assert 'data-status="started"' not in html
+        assert re.search(r'<li title="[^"]+"><span class="swatch st-warn"></span>in doubt</li>',
+                         html)
+
+    def test_it_calls_a_started_step_running_while_its_worker_holds_the_run(self) -> None:
+        from tests.web.dashboard.world import step
+
+        run = Run.objects.create(agent="provision", status=Run.Status.RUNNING,
+                                 submitted_by=self.alice, input={"name": "web-8"},
+                                 lease_owner="w1", lease_expires_at=timezone.now()
+                                 + timedelta(seconds=30))
+        step(run, "create_workspace", None, Step.Status.STARTED, finished_at=None)
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert 'data-node="create_workspace" data-status="started"' in html
+        assert "▶ running" in html and "data-in-doubt" not in html
+        # Its worker died: the lease ran out, and no one runs the step any more.
+        Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now()
+                                             - timedelta(seconds=1))
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert 'data-node="create_workspace" data-status="in_doubt"' in html
+        assert "▶ running" not in html
+
+    def test_it_calls_each_status_the_same_on_its_badge_and_in_the_graph(self) -> None:
+        html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+        svg = html[html.index("<svg"):html.index("</svg>")]
+        for node, words in [("write_config", "compensated"),
+                            ("allocate_port", "compensation failed")]:
+            shown = re.search(rf'data-compensation="{node}".*?<span aria-hidden="true">.</span> '
+                              r"([^<]+)</span>", html, re.S)
+            assert shown and shown[1] == words, node
+            assert re.search(rf'data-node="{node}">.*?<text class="graph-status"[^>]*>'
+                             rf"{words}</text>", svg), node
 
     def test_it_shows_effects_when_the_run_has_some(self) -> None:
         from stateguard_web.sagas.models import Effect
