@@ -12,6 +12,7 @@
   "use strict";
 
   // ---- times: <time data-when datetime="ISO"> in the reader's locale, with "3 min ago" ------
+  // (not for data-when="plain")
   var sameDay = new Intl.DateTimeFormat(undefined, { timeStyle: "medium" });
   var otherDay = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
   var relFmt = new Intl.RelativeTimeFormat(undefined, { numeric: "auto", style: "short" });
@@ -39,9 +40,11 @@
         var fmt = date.toDateString() === today ? sameDay : otherDay;
         el.textContent = fmt.format(date);
         el.title = date.toLocaleString(undefined, { dateStyle: "full", timeStyle: "long" });
-        var hint = document.createElement("span");
-        hint.className = "rel";
-        el.appendChild(hint);
+        if (el.dataset.when !== "plain") {  // the start of a span: its end gets the hint
+          var hint = document.createElement("span");
+          hint.className = "rel";
+          el.appendChild(hint);
+        }
         el.dataset.formatted = "1";
       }
       var rel = el.querySelector(".rel");

@@ -14,7 +14,7 @@ from django import template
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from stateguard_web.dashboard import labels, pages
+from stateguard_web.dashboard import errors, labels, pages
 
 register = template.Library()
 
@@ -40,14 +40,23 @@ def graph_legend() -> tuple[labels.Label, ...]:
 
 
 @register.simple_tag
-def when(value: datetime | None) -> SafeString | str:
+def when(value: datetime | None, hint: bool = True) -> SafeString | str:
     """A time as ``<time>``: UTC in the markup; the page's script shows it in the reader's
-    locale and time zone, with a relative hint ("3 min ago")."""
+    locale and time zone, with a relative hint ("3 min ago") unless ``hint`` is false."""
     if value is None:
         return "—"
     utc = value.astimezone(UTC)
-    return format_html('<time datetime="{}" data-when>{}</time>', utc.isoformat(),
-                       utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
+    return format_html('<time datetime="{}" data-when{}>{}</time>', utc.isoformat(),
+                       "" if hint else '="plain"', utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
+@register.simple_tag
+def when_span(start: datetime, end: datetime) -> SafeString | str:
+    """From ``start`` to ``end`` ("08:26:54 to 08:26:56 · 2 min ago", with an en dash); one
+    time if they are the same second."""
+    if start.replace(microsecond=0) == end.replace(microsecond=0):
+        return when(start)
+    return format_html("{} &ndash; {}", when(start, hint=False), when(end))
 
 
 @register.simple_tag
@@ -123,11 +132,30 @@ def gate_tool(payload: Any) -> str:
 
 @register.filter
 def error_text(error: Any) -> str:
-    """An error the journal keeps (``{"type", "message", "traceback"}``) in one line."""
-    if not isinstance(error, dict):
-        return "" if error is None else str(error)
-    kind, message = error.get("type") or "", error.get("message") or ""
-    return f"{kind}: {message}" if kind and message else str(kind or message)
+    """An error the journal keeps (``{"type", "message", "traceback"}``), raw, in one line."""
+    return errors.raw(error)
+
+
+@register.filter
+def error_summary(error: Any) -> str:
+    """The same error in plain words ("Stripe unreachable (connection refused)")."""
+    return errors.summary(error)
+
+
+@register.inclusion_tag("dashboard/_raw_error.html")
+def raw_error(error: Any, same: int = 1) -> dict[str, Any]:
+    """The raw error (its whole message, its traceback) behind a click, below its summary:
+    an SDK's message can be long and say little to an operator."""
+    text = errors.raw(error)
+    traceback = error.get("traceback") if isinstance(error, dict) else ""
+    return {"text": text, "differs": text != errors.summary(error), "traceback": traceback,
+            "same": same}
+
+
+@register.filter
+def attempt_groups(attempts: Any) -> list[errors.AttemptGroup]:
+    """A compensation's attempts, those that ended the same way one after another as one."""
+    return errors.group_attempts(attempts)
 
 
 @register.filter

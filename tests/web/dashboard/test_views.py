@@ -18,6 +18,20 @@ ACTION_URL = re.compile(r'action="/runs/[0-9a-f-]+/(approve|reject|retry|compens
                         r'compensations/\d+/retry)"')
 
 
+def outside_details(html: str) -> str:
+    """What a page shows before anything is clicked open: ``html`` less every closed
+    ``<details>`` (the ones the page opens itself are kept)."""
+    shown, depth = [], 0
+    for part in re.split(r"(<details\b[^>]*>|</details>)", html):
+        if part.startswith("<details"):
+            depth += 0 if depth == 0 and " open" in part else 1
+        elif part == "</details>":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            shown.append(part)
+    return "".join(shown)
+
+
 def actions_on(html: str) -> list[str]:
     """The action forms a page offers (the POST targets of its confirmations)."""
     return sorted(set(ACTION_URL.findall(html)))
@@ -175,6 +189,34 @@ class PageTests(DashboardWorld):
         assert order == [("allocate_port", "failed"), ("write_config", "succeeded")]
         assert "k-port" in html and "k-config" in html
         assert "OSError: registry locked" in html and "Traceback: registry locked" in html
+
+    def test_it_groups_identical_failed_attempts_with_the_raw_error_a_click_away(self) -> None:
+        """Five attempts that could not reach Stripe are one row in words; the SDK's message
+        is on the page once, inside a <details>, however many attempts raised it."""
+        from tests.conftest import _free_port
+        from tests.web.dashboard.test_errors import refund_error
+
+        refused = refund_error(f"http://127.0.0.1:{_free_port()}")
+        attempts = self.compensation.attempts
+        attempts.all().delete()
+        start = timezone.now()
+        for n in range(1, 6):
+            at = start + timedelta(milliseconds=400 * n)
+            attempts.create(number=n, started_at=at, finished_at=at, ok=False, error=refused)
+        at = start + timedelta(seconds=5)
+        attempts.create(number=6, started_at=at, finished_at=at, ok=False,
+                        error={"type": "OSError", "message": "registry locked"})
+        html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+        rows = re.findall(r'<tr data-attempts="(\d+)">\s*<td class="num">([^<]+)</td>', html)
+        assert rows == [("5", "1\u20135"), ("1", "6"), ("1", "1")]  # write_config's one ok attempt
+        assert re.search(r"<strong>5 attempts:</strong> <span class=\"error-summary\">"
+                         r"Stripe unreachable \(connection refused\)</span>", html)
+        assert "HTTPConnectionPool" not in outside_details(html)
+        raw = html[html.index("HTTPConnectionPool") - 600:html.index("HTTPConnectionPool")]
+        assert '<details class="raw-error"><summary>The error as raised (each of the 5 times)' \
+               in raw and '<pre class="error-raw">APIConnectionError: ' in raw
+        assert html.count('<pre class="error-raw">APIConnectionError: ') == 1
+        assert '<span class="error-summary">OSError: registry locked</span>' in html
 
     def test_it_shows_an_invariant_violation_with_the_state_that_broke_it(self) -> None:
         run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
