@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import pages
+from stateguard_web.dashboard import pages, workers
 from stateguard_web.dashboard.forms import (
     CompensateForm,
     DecisionForm,
@@ -102,6 +102,15 @@ def inbox_counts(request: HttpRequest) -> JsonResponse:
     """The navigation's counts, for pages that keep them live without re-reading themselves."""
     access.check(request.user, Ability.VIEW)
     return JsonResponse(pages.inbox_counts(request.user))
+
+
+@login_required
+def workers_banner(request: HttpRequest) -> HttpResponse:
+    """The banner that says no worker is alive (empty while one is), for pages that keep it
+    live: a worker that dies or starts shows within seconds, with no event to tell them."""
+    access.check(request.user, Ability.VIEW)
+    return render(request, "includes/workers.html",
+                  {"workers": workers.worker_health(request.user)})
 
 
 # -- actions ------------------------------------------------------------------------------

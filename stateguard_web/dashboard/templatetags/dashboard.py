@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
@@ -74,6 +75,28 @@ def took(start: datetime | None, end: datetime | None) -> str:
         return f"{minutes} min {rest} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+@register.filter
+def duration(seconds: float | None) -> str:
+    """Whole seconds in words ("45 s", "3 min 5 s", "2 h 4 min"), as the page's script
+    keeps a waiting time current (dashboard.js, ``duration``)."""
+    whole = max(int(seconds or 0), 0)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+@register.simple_tag
+def waited(since: datetime) -> SafeString:
+    """How long something has waited since ``since``: the page's script keeps it current."""
+    utc = since.astimezone(UTC)
+    return format_html('<span class="waited" data-waited-since="{}">waiting {}</span>',
+                       utc.isoformat(), duration((timezone.now() - since).total_seconds()))
 
 
 @register.filter

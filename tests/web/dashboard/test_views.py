@@ -7,9 +7,12 @@ import uuid
 from datetime import timedelta
 from unittest import mock
 
+import redis
+from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
+from stateguard_web import heartbeat
 from stateguard_web.dashboard import pages
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
@@ -320,6 +323,64 @@ class PageTests(DashboardWorld):
     def test_it_shows_the_audit_trail(self) -> None:
         html = self.client_for("vera").get(self.url(self.scripted)).content.decode()
         assert "<code>run.submitted</code>" in html and "<td>alice</td>" in html
+
+
+class WorkerHealthTests(DashboardWorld):
+    """The banner that says no worker is alive, from the heartbeats workers keep in Redis."""
+
+    def setUp(self) -> None:
+        self.redis = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        self.redis.delete(heartbeat.KEY)
+        self.addCleanup(self.redis.delete, heartbeat.KEY)
+
+    def banner(self, html: str) -> str:
+        found = re.search(r'<p class="banner banner-bad" role="alert" data-workers-down>(.*?)'
+                          r"</p>", html, re.S)
+        return " ".join(re.sub(r"<[^>]+>", "", found[1]).split()) if found else ""
+
+    def test_it_says_on_every_page_that_no_worker_is_alive(self) -> None:
+        Run.objects.create(agent="provision", submitted_by=self.alice, input={})
+        for path in ["/", self.url(self.paused), "/inbox/approvals/", "/inbox/attention/"]:
+            banner = self.banner(self.client_for("vera").get(path).content.decode())
+            assert banner.startswith("⚠ No worker is alive: none has sent a heartbeat in the "
+                                     "last 1 min (none ever has)."), (path, banner)
+            assert "1 run waits now" in banner, banner
+        assert "0 runs" not in self.banner(self.client_for("bob").get("/").content.decode())
+
+    def test_it_says_nothing_while_a_worker_beats_and_when_the_last_beat_was(self) -> None:
+        heartbeat.beat(self.redis, "w1@host")  # what a worker does every 15 s
+        assert self.banner(self.client_for("vera").get("/").content.decode()) == ""
+        fragment = self.client_for("vera").get("/workers")
+        assert fragment.status_code == 200 and 'id="workers-banner"' in fragment.content.decode()
+        assert "data-workers-down" not in fragment.content.decode()
+        # Its beat was 2 minutes ago: it died (the set's score is the Redis server's clock).
+        (now, micro) = self.redis.time()
+        self.redis.zadd(heartbeat.KEY, {"w1@host": now + micro / 1e6 - 120})
+        banner = self.banner(self.client_for("vera").get("/workers").content.decode())
+        assert "(the last one 2 min ago)." in banner, banner
+
+    def test_it_says_when_the_broker_does_not_answer(self) -> None:
+        from tests.conftest import _free_port
+
+        with self.settings(CELERY_BROKER_URL=f"redis://127.0.0.1:{_free_port()}/0"):
+            banner = self.banner(self.client_for("vera").get("/").content.decode())
+        assert banner.startswith("⚠ The broker (Redis) does not answer: workers cannot take "
+                                 "runs from it"), banner
+
+    def test_it_shows_how_long_a_pending_run_has_waited(self) -> None:
+        run = Run.objects.create(agent="provision", submitted_by=self.alice, input={})
+        Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(seconds=75))
+        html = self.client_for("vera").get("/").content.decode()
+        row = html[html.index(f'<tr id="run-{run.code}"'):]
+        assert re.search(r'<span class="waited" data-waited-since="[^"]+">waiting 1 min 1[5-9] s'
+                         r"</span>", row[:row.index("</tr>")])
+        assert html.count("data-waited-since") == 1  # the pending run's only
+        page = self.client_for("vera").get(self.url(run)).content.decode()
+        assert "the run waits for a worker (<span class=\"waited\"" in page
+
+    def test_it_answers_the_banner_to_those_who_see_runs_only(self) -> None:
+        assert Client().get("/workers").status_code == 302
+        assert self.client_for("nobody").get("/workers").status_code == 403
 
 
 class ButtonTests(DashboardWorld):
