@@ -267,6 +267,14 @@
   // Nothing is published when a worker dies or starts, so the page asks (a small GET; not
   // while the page is hidden). The server renders it: includes/workers.html.
   var WORKERS_EVERY = 15000;  // a worker beats every 15 s (stateguard_web/heartbeat.py)
+  var workersTimer = null;
+
+  // A live event means something ran: ask soon, not at the next round (a worker that just
+  // started has beaten by then, and the banner goes).
+  function scheduleWorkers() {
+    if (workersTimer) return;
+    workersTimer = setTimeout(function () { workersTimer = null; refreshWorkers(); }, 1000);
+  }
 
   function refreshWorkers() {
     var banner = document.getElementById("workers-banner");
@@ -329,7 +337,10 @@
       try { data = JSON.parse(message.data); } catch (e) { return; }
       if (data.type === "pong") { clearTimeout(self.pongTimer); return; }
       if ((data.type === "run.events" || data.type === "batch.events") &&
-          Array.isArray(data.events)) self.onEvents(data.events);
+          Array.isArray(data.events)) {
+        self.onEvents(data.events);
+        scheduleWorkers();
+      }
     };
     ws.onclose = function () {
       if (self.ws !== ws) return;

@@ -47,8 +47,9 @@ def when(value: datetime | None, hint: bool = True) -> SafeString | str:
     if value is None:
         return "—"
     utc = value.astimezone(UTC)
-    return format_html('<time datetime="{}" data-when{}>{}</time>', utc.isoformat(),
-                       "" if hint else '="plain"', utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
+    markup = ('<time datetime="{}" data-when>{}</time>' if hint
+              else '<time datetime="{}" data-when="plain">{}</time>')
+    return format_html(markup, utc.isoformat(), utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
 
 
 @register.simple_tag
