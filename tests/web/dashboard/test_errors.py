@@ -1,11 +1,9 @@
 """Errors in plain words (``dashboard.errors``), from the errors the real Stripe SDK raises:
-against a port where nothing listens, a server that drops the connection, and a relay in
-front of localstripe that answers 500 as Stripe would in an outage on its side."""
+against a port where nothing listens, and through a relay in front of localstripe that drops
+the connection or answers 500 as Stripe would in an outage on its side."""
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,22 +27,10 @@ def refund_error(base: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def dropping() -> Iterator[str]:
-    """A server that takes each connection and closes it without an answer."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                client, _ = server.accept()
-            except OSError:
-                return
-            client.recv(65536)
-            client.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
-    server.close()
+def relay(localstripe_url: str) -> Iterator[StripeRelay]:
+    relay = StripeRelay(localstripe_url)
+    yield relay
+    relay.close()
 
 
 def test_it_says_stripe_is_unreachable_and_why() -> None:
@@ -54,17 +40,14 @@ def test_it_says_stripe_is_unreachable_and_why() -> None:
     assert errors.raw(error) == f"APIConnectionError: {error['message']}"
 
 
-def test_it_says_when_stripe_dropped_the_connection(dropping: str) -> None:
-    assert errors.summary(refund_error(dropping)) == "Stripe unreachable (connection dropped)"
+def test_it_says_when_stripe_dropped_the_connection(relay: StripeRelay) -> None:
+    relay.drop(b"POST /v1/refunds")
+    assert errors.summary(refund_error(relay.url)) == "Stripe unreachable (connection dropped)"
 
 
-def test_it_says_stripe_failed_on_its_side(localstripe_url: str) -> None:
-    relay = StripeRelay(localstripe_url)
-    try:
-        relay.fail(b"POST /v1/refunds")
-        error = refund_error(relay.url)
-    finally:
-        relay.close()
+def test_it_says_stripe_failed_on_its_side(relay: StripeRelay) -> None:
+    relay.fail(b"POST /v1/refunds")
+    error = refund_error(relay.url)
     assert error["type"] == "APIError"
     assert errors.summary(error) == "Stripe failed on its side: injected by StripeRelay."
 
