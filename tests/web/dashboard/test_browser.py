@@ -8,7 +8,7 @@ names another folder); they are not committed, except the run page's in docs/img
 
 Every test fails, too, on what a person would not see but must not happen on any page: a
 violation of the Content-Security-Policy that Chromium reports, an error thrown by the page's
-script, or a request answered 404 (``browser``, a watched Chromium).
+script, or a request of the page answered 404 (``browser``, a watched Chromium).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def chromium() -> Iterator[Any]:
 class Watched:
     """Chromium, whose every context reports what must not happen on a page: a violation of
     the Content-Security-Policy (Chromium says so on the console), an error the page's script
-    throws, a request answered 404 (a missing /favicon.ico, say)."""
+    throws, a request of its answered 404 (a missing script or stylesheet, say)."""
 
     def __init__(self, chromium: Any) -> None:
         self.chromium = chromium
@@ -623,4 +623,9 @@ def test_every_page_passes_its_content_security_policy(
     shot(page, "34-api-docs")
     icon = page.request.get(url + "/favicon.ico")  # as a page's icon, not as a page
     assert icon.status == 200 and icon.headers["content-type"] == "image/x-icon"
+    # Chromium asks for it by itself (its own requests are not the page's, so ``browser``
+    # does not see them): the server's access log does.
+    wait_for(lambda: '"GET /favicon.ico" 200' in site.logs(), 10, "Chromium's favicon",
+             site.logs)
+    assert '"GET /favicon.ico" 404' not in site.logs()
     context.close()
