@@ -303,8 +303,9 @@ def _graph(run: Run, steps: list[StepView], compensations: list[Compensation],
             undo = labels.label("compensation", comp.status)
             css, words = undo.css, undo.words
             current = comp.status == Compensation.Status.RUNNING and live
-            if view.state == labels.IN_DOUBT and comp.status != comp.Status.SKIPPED_IN_DOUBT:
-                words = f"in doubt · {words}"
+            if (view.state == labels.IN_DOUBT
+                    and comp.status != Compensation.Status.SKIPPED_IN_DOUBT):  # says it
+                words = f"{shown.words} · {words}"
         if step.attempt > 1:
             words += f" · attempt {step.attempt}"
         states[step.node] = graph.NodeState(css, words, current, view.note)

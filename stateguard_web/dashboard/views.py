@@ -106,8 +106,8 @@ def inbox_counts(request: HttpRequest) -> JsonResponse:
 
 @login_required
 def workers_banner(request: HttpRequest) -> HttpResponse:
-    """The banner that says no worker is alive (empty while one is), for pages that keep it
-    live: a worker that dies or starts shows within seconds, with no event to tell them."""
+    """The banner that says no worker is alive (empty while one is), for the pages that ask
+    for it again (dashboard.js): nothing is published when a worker dies or starts."""
     access.check(request.user, Ability.VIEW)
     return render(request, "includes/workers.html",
                   {"workers": workers.worker_health(request.user)})
