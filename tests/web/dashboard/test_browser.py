@@ -449,9 +449,9 @@ def test_it_warns_on_every_page_while_no_worker_is_alive(
     phone.close()
 
     # A worker starts: the banner goes (the page asks every 15 s), and the run runs.
-    worker = workers.start("w1")
-    page.wait_for_selector("[data-workers-down]", state="detached", timeout=45_000)
-    run_status(page, "succeeded", logs)
+    worker = workers.start("w1")  # (a worker's start-up takes seconds on a busy machine)
+    page.wait_for_selector("[data-workers-down]", state="detached", timeout=60_000)
+    run_status(page, "succeeded", logs, timeout=60)
     assert not_reloaded(page)
 
     # A batch: its confirmation names the runs it will act on, the button too.
