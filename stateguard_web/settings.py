@@ -67,6 +67,17 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", defa
 # that domain's owner can decide it, so it stays off and `check --deploy` does not ask for it.
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 SILENCED_SYSTEM_CHECKS = ["security.W021"]
+# Content-Security-Policy (stateguard_web/csp.py; Django 6.0's setting has this shape): scripts,
+# styles, images, fonts, fetches and websockets from this site only ('self' covers ws:/wss: to
+# it), forms posted to it only, no plugins, no framing. No 'unsafe-inline': the pages keep
+# none. The browser test (tests/web/dashboard/test_browser.py) fails on any violation.
+SECURE_CSP = {
+    "default-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'self'"],
+    "form-action": ["'self'"],
+    "frame-ancestors": ["'none'"],
+}
 # Behind a TLS-terminating proxy Daphne sees plain HTTP: name the header the proxy sets (e.g.
 # X-Forwarded-Proto) so that Django sees HTTPS and SECURE_SSL_REDIRECT does not loop. Only set
 # it when the proxy always overwrites that header; otherwise a client could claim HTTPS.
@@ -97,6 +108,7 @@ MIDDLEWARE = [
     # (Host: 10.0.0.5:8000), which ALLOWED_HOSTS does not list (stateguard_web/healthz.py).
     "stateguard_web.healthz.healthz_middleware",
     "django.middleware.security.SecurityMiddleware",
+    "stateguard_web.csp.csp_middleware",  # SECURE_CSP, below
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -111,6 +123,7 @@ MIDDLEWARE = [
 KEYED_API_MIDDLEWARE = [
     "stateguard_web.metrics.ApiRequestsMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    "stateguard_web.csp.csp_middleware",
     "django.middleware.common.CommonMiddleware",
     "stateguard_web.api.asgi.AnonymousUntilKeyed",  # in AuthenticationMiddleware's place
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
@@ -379,11 +392,23 @@ def _not_a_routine_sweep(record: logging.LogRecord) -> bool:
     return record.levelno > logging.INFO or _SWEEP_TASK not in record.getMessage()
 
 
+def _a_refusal_in_one_line(record: logging.LogRecord) -> bool:
+    """Log a 403 as its one line ("Forbidden (Permission denied): /runs/.../resolve").
+
+    Django logs a refused request with the PermissionDenied's traceback: a dozen lines that
+    say where the refusal was raised, every time a user without the role clicks. The line
+    says who was refused what (the path); the code that refused is always the same."""
+    if getattr(record, "status_code", None) == 403:
+        record.exc_info, record.exc_text = None, None
+    return True
+
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"not_a_routine_sweep": {"()": lambda: _not_a_routine_sweep}},
+    "filters": {"not_a_routine_sweep": {"()": lambda: _not_a_routine_sweep},
+                "a_refusal_in_one_line": {"()": lambda: _a_refusal_in_one_line}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
@@ -393,6 +418,7 @@ LOGGING = {
         "daphne": {"level": "INFO"},  # "Listening on TCP address ..." under `make run`
         "stateguard": {"level": "INFO"},
         "stateguard_web": {"level": "INFO"},
+        "django.request": {"filters": ["a_refusal_in_one_line"]},
         # The loggers of beat's "Sending due task", the worker's "received" and "succeeded".
         **{
             name: {"filters": ["not_a_routine_sweep"]}

@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/health", health.health, name="health"),
     path("api/", api.urls),
     path("healthz", views.healthz, name="healthz"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("metrics", metrics.metrics, name="metrics"),
     # Last: the dashboard's pages, from the site's root (its home page is the runs list).
     path("", include("stateguard_web.dashboard.urls")),

@@ -24,6 +24,7 @@ from django.views.decorators.http import require_POST
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
+from stateguard_web.dashboard import labels
 from stateguard_web.dashboard.forms import RunFilterForm
 from stateguard_web.sagas import batches, selectors, services
 from stateguard_web.sagas.models import Batch, BatchItem, Run
@@ -33,6 +34,31 @@ WHAT = {Batch.Action.RETRY: "resumes each failed run from where it failed",
         Batch.Action.COMPENSATE: "undoes what each run did, newest step first",
         Batch.Action.RETRY_COMPENSATIONS: "runs the failed compensations of each run that "
                                           "needs attention again, with their idempotency keys"}
+# Where the batch's reason goes (sagas.batches.batch_create): a compensation request takes
+# one; a retry does not.
+REASON_GOES = {
+    Batch.Action.RETRY: "kept with the batch and shown on its page",
+    Batch.Action.COMPENSATE: "kept with the batch, and with each run's compensation request "
+                             "in its audit trail",
+    Batch.Action.RETRY_COMPENSATIONS: "kept with the batch, and with each run's compensation "
+                                      "request in its audit trail",
+}
+
+
+def what_happened(item: BatchItem) -> str:
+    """An item's outcome in words. "done" means the action was requested for the run (and
+    audited): whether a worker has carried it out is the run's to say, so say it."""
+    if item.outcome == BatchItem.Outcome.PENDING:
+        return ""
+    if item.outcome != BatchItem.Outcome.DONE:
+        return item.reason
+    if item.run is None:
+        return "Requested; the run was deleted since."
+    waiting = item.run.waiting_request
+    if waiting:
+        return f"Requested ({waiting}): it waits for a worker to take it up."
+    now = labels.label("run", item.run.status).words
+    return f"Requested, and a worker took it up: the run is {now} now."
 
 
 class BatchForm(forms.Form):
@@ -88,6 +114,7 @@ def batch_new(request: HttpRequest) -> HttpResponse:
         return redirect(_list_url(request))
     return render(request, "dashboard/batch_new.html", {
         "form": form, "action": Batch.Action(action), "what": WHAT[Batch.Action(action)],
+        "reason_goes": REASON_GOES[Batch.Action(action)],
         "preview": preview, "codes": ",".join(preview["runs"]),
         "skipped": preview["count"] - preview["eligible"], "back": _list_url(request)})
 
@@ -108,8 +135,8 @@ def batch_create(request: HttpRequest) -> HttpResponse:
     except batches.BatchRefused as exc:
         messages.error(request, f"No batch: {exc}.")
         return redirect("dashboard:runs")
-    messages.success(request, f"Batch started: a worker goes through the {batch.items.count()} "
-                              "runs one by one.")
+    messages.success(request, f"Batch started: a worker goes through its {batch.items.count()} "
+                              "runs one by one; below, what became of each.")
     return redirect("dashboard:batch", code=batch.code)
 
 
@@ -127,7 +154,8 @@ def _batch_for(request: HttpRequest, code: uuid.UUID, ability: Ability) -> Batch
 @login_required
 def batch_detail(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
     batch = _batch_for(request, code, Ability.VIEW)
-    items = list(batch.items.order_by("position").select_related("run"))
+    items = [(item, what_happened(item))
+             for item in batch.items.order_by("position").select_related("run")]
     counts = batches.batch_counts(batch=batch)
     settled = counts["total"] - counts["pending"]
     return render(request, "dashboard/batch.html", {

@@ -1,5 +1,6 @@
-"""The navigation's data on every page that extends ``base.html``: the user's role and the
-inbox counts. Lazy, so pages that never show the navigation (the admin's) never query."""
+"""The navigation's data on every page that extends ``base.html``: the user's role, the inbox
+counts and whether any worker is alive (the banner). Lazy, so pages that never show the
+navigation (the admin's) never query."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from django.utils.functional import SimpleLazyObject
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import pages
+from stateguard_web.dashboard import pages, workers
 
 
 def _nav(user: Any) -> dict[str, Any]:
@@ -23,4 +24,5 @@ def nav(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
-    return {"nav": SimpleLazyObject(lambda: _nav(user))}
+    return {"nav": SimpleLazyObject(lambda: _nav(user)),
+            "workers": SimpleLazyObject(lambda: workers.worker_health(user))}

@@ -17,6 +17,7 @@ from functools import cache
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
+from stateguard_web.dashboard import labels
 from stateguard_web.sagas import runtime
 
 START, END = "__start__", "__end__"
@@ -48,11 +49,17 @@ class Layout:
 
 @dataclass(frozen=True, slots=True)
 class NodeState:
-    """What the picture says about one node: a CSS class (its colour) and the words."""
+    """What the picture says about one node: a CSS class (its colour) and the words, and
+    what they mean when the words alone may puzzle (the node's tooltip)."""
 
     css: str
     label: str
     current: bool = False
+    note: str = ""
+
+
+_not_run = labels.LABELS["graph"]["not_run"]
+NOT_RUN = NodeState(_not_run.css, _not_run.words)
 
 
 def agent_layout(agent: str) -> Layout | None:
@@ -187,13 +194,14 @@ def render(lay: Layout, states: dict[str, NodeState], *, title: str) -> SafeStri
                 f'y="{box.y + box.h / 2 + 4:.1f}" text-anchor="middle">'
                 f'{"start" if node == START else "end"}</text></g>')
             continue
-        state = states.get(node, NodeState("idle", "not run"))
+        state = states.get(node, NOT_RUN)
         css = f"graph-node st-{state.css}" + (" graph-current" if state.current else "")
         words = ("▶ " if state.current else "") + state.label
+        tip = f"{node}: {words}" + (f". {state.note}" if state.note else "")
         parts.append(
-            f'<g class="{css}" data-node="{escape(node)}"><title>{escape(node)}: '
-            f'{escape(words)}</title><rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.w:.0f}" '
-            f'height="{box.h:.0f}" rx="8"/><text class="graph-name" x="{box.cx:.1f}" '
+            f'<g class="{css}" data-node="{escape(node)}"><title>{escape(tip)}</title>'
+            f'<rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.w:.0f}" height="{box.h:.0f}" '
+            f'rx="8"/><text class="graph-name" x="{box.cx:.1f}" '
             f'y="{box.y + 19:.1f}" text-anchor="middle">{escape(_label(node))}</text>'
             f'<text class="graph-status" x="{box.cx:.1f}" y="{box.y + 36:.1f}" '
             f'text-anchor="middle"{_fit(words, box.w - 14)}>{escape(words)}</text></g>')

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
@@ -22,7 +23,7 @@ from stateguard.spec import GuardSpec, build_compensations
 from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import graph
+from stateguard_web.dashboard import graph, labels
 from stateguard_web.payments import selectors as payments
 from stateguard_web.sagas import runtime, selectors
 from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
@@ -146,20 +147,41 @@ def run_list_page(*, user: Any, status: str = "", agent: str = "", q: str = "",
 
 # -- a run's detail ---------------------------------------------------------------------------
 
-COMPENSATION_WORDS = {
-    Compensation.Status.RUNNING: ("run", "compensating"),
-    Compensation.Status.SUCCEEDED: ("undo", "compensated"),
-    Compensation.Status.NOTHING_TO_UNDO: ("undo", "nothing to undo"),
-    Compensation.Status.FAILED: ("bad", "compensation failed"),
-    Compensation.Status.SKIPPED_IN_DOUBT: ("warn", "skipped (in doubt)"),
+def step_state(step: Step, run: Run, now: datetime) -> str:
+    """What the run's page calls ``step``: its journal status, or ``labels.IN_DOUBT`` for a
+    step that started and never finished while no worker runs it any more (the run stopped
+    running, or its worker's lease ran out: it died). Recovery may have unwound the run since,
+    but the step itself stays "started" in the journal: its effect is unknown for good."""
+    if step.status != Step.Status.STARTED:
+        return str(step.status)
+    lease_lost = run.lease_expires_at is not None and run.lease_expires_at < now
+    if run.status == Run.Status.RUNNING and not lease_lost:
+        return str(step.status)
+    return labels.IN_DOUBT
+
+
+# What became of a step in doubt, by its compensation's status (None: it has none, or not yet).
+IN_DOUBT_OUTCOME = {
+    None: "",
+    Compensation.Status.RUNNING: "Its compensation is running: it looks for an effect and "
+                                 "undoes what it finds.",
+    Compensation.Status.SUCCEEDED: "Its compensation found an effect and undid it.",
+    Compensation.Status.NOTHING_TO_UNDO: "Its compensation looked and found nothing to undo.",
+    Compensation.Status.FAILED: "Its compensation failed: see Compensations below.",
+    Compensation.Status.SKIPPED_IN_DOUBT: "Its compensation was not run, as it is not declared "
+                                          "safe for a step whose effect is unknown: check by "
+                                          "hand.",
 }
-STEP_WORDS = {
-    Step.Status.STARTED: ("run", "running"),
-    Step.Status.PAUSED: ("wait", "paused"),
-    Step.Status.SUCCEEDED: ("ok", "succeeded"),
-    Step.Status.FAILED: ("bad", "failed"),
-    Step.Status.VIOLATED: ("bad", "invariant violated"),
-}
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """A step as its page shows it: ``state`` is ``step_state``'s, ``note`` says what it means
+    when the state alone does not (a step in doubt)."""
+
+    step: Step
+    state: str
+    note: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +197,7 @@ class PlannedUndo:
 @dataclass(slots=True)
 class RunPage:
     run: Run
-    steps: list[Step]
+    steps: list[StepView]
     compensations: list[Compensation]
     effects: list[Effect]
     approvals: list[Approval]
@@ -207,13 +229,14 @@ def run_page(*, run: Run, user: Any) -> RunPage:
     if not pending:
         actions -= {Action.APPROVE, Action.REJECT}
     failed_step = next((s for s in reversed(steps) if s.status == Step.Status.FAILED), None)
+    views = _step_views(run, steps, compensations)
     page = RunPage(
-        run=run, steps=steps, compensations=compensations,
+        run=run, steps=views, compensations=compensations,
         effects=list(run.effects.order_by("recorded_at", "pk")), approvals=approvals,
         audit=list(run.audit_events.order_by("created_at", "pk")), pending=pending,
         violation=violation,
         violation_state=violated[-1].state_after if violated else None,
-        graph_svg=_graph(run, steps, compensations, pending), actions=actions,
+        graph_svg=_graph(run, views, compensations, pending), actions=actions,
         failed_step=failed_step, request=waiting, can_operate=can_operate)
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
@@ -249,7 +272,22 @@ def undo_plan(run: Run, compensations: list[Compensation]) -> list[PlannedUndo]:
     return planned
 
 
-def _graph(run: Run, steps: list[Step], compensations: list[Compensation],
+def _step_views(run: Run, steps: list[Step], compensations: list[Compensation]
+                ) -> list[StepView]:
+    now = timezone.now()
+    undo = {c.step_id: c.status for c in compensations}
+    views = []
+    for step in steps:
+        state = step_state(step, run, now)
+        note = ""
+        if state == labels.IN_DOUBT:
+            outcome = IN_DOUBT_OUTCOME.get(undo.get(step.pk), "")
+            note = f"{labels.IN_DOUBT_MEANING} {outcome}".strip()
+        views.append(StepView(step, state, note))
+    return views
+
+
+def _graph(run: Run, steps: list[StepView], compensations: list[Compensation],
            pending: list[Approval]) -> str | None:
     lay = graph.agent_layout(run.agent)
     if lay is None:
@@ -257,19 +295,26 @@ def _graph(run: Run, steps: list[Step], compensations: list[Compensation],
     states: dict[str, graph.NodeState] = {}
     undone = {c.step_id: c for c in compensations}
     live = run.status in (Run.Status.RUNNING, Run.Status.COMPENSATING)
-    for step in steps:  # oldest first: a node's latest step wins
-        css, words = STEP_WORDS.get(step.status, ("idle", step.status))
-        current = live and step.status == Step.Status.STARTED
+    for view in steps:  # oldest first: a node's latest step wins
+        step = view.step
+        shown = labels.label("step", view.state)
+        css, words = shown.css, shown.words
+        current = live and view.state == Step.Status.STARTED
         comp = undone.get(step.pk)
         if comp is not None and comp.status == Compensation.Status.NOTHING_TO_UNDO:
             words += " · nothing to undo"  # the step's own outcome still says what happened
         elif comp is not None:
-            css, words = COMPENSATION_WORDS.get(comp.status, ("undo", comp.status))
+            undo = labels.label("compensation", comp.status)
+            css, words = undo.css, undo.words
             current = comp.status == Compensation.Status.RUNNING and live
+            if (view.state == labels.IN_DOUBT
+                    and comp.status != Compensation.Status.SKIPPED_IN_DOUBT):  # says it
+                words = f"{shown.words} · {words}"
         if step.attempt > 1:
             words += f" · attempt {step.attempt}"
-        states[step.node] = graph.NodeState(css, words, current)
+        states[step.node] = graph.NodeState(css, words, current, view.note)
+    waiting = labels.LABELS["graph"]["awaiting_approval"]
     for approval in pending:
-        states[approval.node] = graph.NodeState("wait", "awaiting approval",
+        states[approval.node] = graph.NodeState(waiting.css, waiting.words,
                                                 run.status == Run.Status.PAUSED)
     return graph.render(lay, states, title=f"Graph of the {run.agent} agent")

@@ -25,6 +25,7 @@ urlpatterns = [
     path("inbox/approvals/", views.inbox_approvals, name="inbox_approvals"),
     path("inbox/attention/", views.inbox_attention, name="inbox_attention"),
     path("inbox/counts", views.inbox_counts, name="inbox_counts"),
+    path("workers", views.workers_banner, name="workers"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

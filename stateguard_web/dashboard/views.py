@@ -24,7 +24,7 @@ from django.views.decorators.http import require_POST
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.accounts.forms import LoginForm
-from stateguard_web.dashboard import pages
+from stateguard_web.dashboard import pages, workers
 from stateguard_web.dashboard.forms import (
     CompensateForm,
     DecisionForm,
@@ -118,6 +118,15 @@ def inbox_counts(request: HttpRequest) -> JsonResponse:
     """The navigation's counts, for pages that keep them live without re-reading themselves."""
     access.check(request.user, Ability.VIEW)
     return JsonResponse(pages.inbox_counts(request.user))
+
+
+@login_required
+def workers_banner(request: HttpRequest) -> HttpResponse:
+    """The banner that says no worker is alive (empty while one is), for the pages that ask
+    for it again (dashboard.js): nothing is published when a worker dies or starts."""
+    access.check(request.user, Ability.VIEW)
+    return render(request, "includes/workers.html",
+                  {"workers": workers.worker_health(request.user)})
 
 
 # -- actions ------------------------------------------------------------------------------

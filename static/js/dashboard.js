@@ -12,6 +12,7 @@
   "use strict";
 
   // ---- times: <time data-when datetime="ISO"> in the reader's locale, with "3 min ago" ------
+  // (not for data-when="plain")
   var sameDay = new Intl.DateTimeFormat(undefined, { timeStyle: "medium" });
   var otherDay = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
   var relFmt = new Intl.RelativeTimeFormat(undefined, { numeric: "auto", style: "short" });
@@ -39,13 +40,34 @@
         var fmt = date.toDateString() === today ? sameDay : otherDay;
         el.textContent = fmt.format(date);
         el.title = date.toLocaleString(undefined, { dateStyle: "full", timeStyle: "long" });
-        var hint = document.createElement("span");
-        hint.className = "rel";
-        el.appendChild(hint);
+        if (el.dataset.when !== "plain") {  // the start of a span: its end gets the hint
+          var hint = document.createElement("span");
+          hint.className = "rel";
+          el.appendChild(hint);
+        }
         el.dataset.formatted = "1";
       }
       var rel = el.querySelector(".rel");
       if (rel) rel.textContent = " · " + relative(date);
+    });
+  }
+
+  // ---- waiting times: <span data-waited-since="ISO">waiting 3 min 5 s</span>, kept current ----
+  // The words are the server's (templatetags/dashboard.py, duration).
+  function duration(seconds) {
+    var whole = Math.max(Math.floor(seconds), 0);
+    if (whole < 60) return whole + " s";
+    var minutes = Math.floor(whole / 60), rest = whole % 60;
+    if (minutes < 60) return minutes + " min" + (rest ? " " + rest + " s" : "");
+    var hours = Math.floor(minutes / 60);
+    minutes = minutes % 60;
+    return hours + " h" + (minutes ? " " + minutes + " min" : "");
+  }
+
+  function formatWaits(root) {
+    root.querySelectorAll("[data-waited-since]").forEach(function (el) {
+      var since = new Date(el.dataset.waitedSince);
+      if (!isNaN(since.getTime())) el.textContent = "waiting " + duration((Date.now() - since) / 1000);
     });
   }
 
@@ -201,6 +223,7 @@
     document.querySelectorAll("input[data-pick]").forEach(function (b) { b.checked = !!ticked[b.value]; });
     document.title = doc.title;
     formatTimes(document);
+    formatWaits(document);
     var after = document.querySelectorAll("tr[data-run]");
     after.forEach(function (tr) {
       if (!(tr.dataset.run in before)) tr.classList.add("row-new");
@@ -240,6 +263,34 @@
     countsTimer = setTimeout(function () { countsTimer = null; refreshCounts(); }, 1000);
   }
 
+  // ---- the banner that says no worker is alive: asked for again every WORKERS_EVERY ms -------
+  // Nothing is published when a worker dies or starts, so the page asks (a small GET; not
+  // while the page is hidden). The server renders it: includes/workers.html.
+  var WORKERS_EVERY = 15000;  // a worker beats every 15 s (stateguard_web/heartbeat.py)
+  var workersTimer = null;
+
+  // A live event means something ran: ask soon, not at the next round (a worker that just
+  // started has beaten by then, and the banner goes).
+  function scheduleWorkers() {
+    if (workersTimer) return;
+    workersTimer = setTimeout(function () { workersTimer = null; refreshWorkers(); }, 1000);
+  }
+
+  function refreshWorkers() {
+    var banner = document.getElementById("workers-banner");
+    if (!banner || document.visibilityState === "hidden") return;
+    fetch(banner.dataset.workersUrl, { cache: "no-store", credentials: "same-origin" })
+      .then(function (r) { return r.ok && !r.redirected ? r.text() : null; })
+      .then(function (html) {
+        if (!html) return;
+        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("workers-banner");
+        if (fresh && fresh.innerHTML.trim() !== banner.innerHTML.trim()) {
+          banner.replaceWith(document.importNode(fresh, true));
+        }
+      })
+      .catch(function () { /* the next round asks again */ });
+  }
+
   // ---- websockets with backoff and a heartbeat ------------------------------------------------
   var sockets = [];
 
@@ -249,7 +300,8 @@
     var up = sockets.every(function (s) { return s.open; });
     el.hidden = false;
     el.dataset.state = up ? "on" : "off";
-    el.textContent = up ? "● Live" : "○ Reconnecting…";
+    // The page's own connection: whether workers are alive is the banner's to say.
+    el.textContent = up ? "● Live updates" : "○ Reconnecting…";
     el.title = up ? "This page updates by itself." : "The live connection dropped; reconnecting.";
   }
 
@@ -285,7 +337,10 @@
       try { data = JSON.parse(message.data); } catch (e) { return; }
       if (data.type === "pong") { clearTimeout(self.pongTimer); return; }
       if ((data.type === "run.events" || data.type === "batch.events") &&
-          Array.isArray(data.events)) self.onEvents(data.events);
+          Array.isArray(data.events)) {
+        self.onEvents(data.events);
+        scheduleWorkers();
+      }
     };
     ws.onclose = function () {
       if (self.ws !== ws) return;
@@ -330,7 +385,11 @@
     var body = document.body;
     remember(document);
     formatTimes(document);
+    formatWaits(document);
     setInterval(function () { formatTimes(document); }, 30000);
+    setInterval(function () { formatWaits(document); }, 1000);
+    setInterval(refreshWorkers, WORKERS_EVERY);
+    document.addEventListener("visibilitychange", refreshWorkers);
     document.querySelectorAll("input[data-timezone]").forEach(function (input) {
       if (!input.value) input.value = Intl.DateTimeFormat().resolvedOptions().timeZone || "";
     });

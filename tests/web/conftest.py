@@ -152,6 +152,14 @@ class Workers:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        """A warm shutdown (SIGTERM), as a deployment stops a worker: it finishes its task,
+        and its heartbeat leaves the set of live workers (stateguard_web/heartbeat.py)."""
+        import signal
+
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in self.log_dir.glob("*.log"))
 

@@ -8,6 +8,8 @@ Each rule takes the next requests whose request line starts with its prefix
 * ``hold_request``: the request is held and never forwarded (Stripe did nothing);
   ``hold.reached`` is set once it has arrived. Released, it is dropped, not forwarded.
 * ``fail``: answered with a 500 from "Stripe", not forwarded, ``times`` times (or always).
+* ``drop``: the connection is closed with no answer, not forwarded, ``times`` times (or
+  always): Stripe out of reach, as the SDK sees it (``APIConnectionError``).
 
 Every other request is forwarded as it is.
 """
@@ -30,7 +32,7 @@ FAILED = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json
 @dataclass
 class Rule:
     prefix: bytes
-    action: Literal["hold_answer", "hold_request", "fail"]
+    action: Literal["hold_answer", "hold_request", "fail", "drop"]
     times: int | None  # None: every matching request
     seen: int = 0
     reached: threading.Event = field(default_factory=threading.Event)
@@ -51,6 +53,9 @@ class StripeRelay(LossyRelay):
 
     def fail(self, prefix: bytes, times: int | None = None) -> Rule:
         return self._add(Rule(prefix, "fail", times))
+
+    def drop(self, prefix: bytes, times: int | None = None) -> Rule:
+        return self._add(Rule(prefix, "drop", times))
 
     def release(self) -> None:
         self.released.set()
@@ -83,6 +88,9 @@ class StripeRelay(LossyRelay):
                     rule.reached.set()
                     client.sendall(FAILED)
                     return
+                if rule is not None and rule.action == "drop":
+                    rule.reached.set()
+                    return  # closed, unanswered
                 if rule is not None and rule.action == "hold_request":
                     rule.reached.set()
                     self.released.wait()

@@ -21,86 +21,54 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import template
+from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
-from stateguard_web.dashboard import pages
+from stateguard_web.dashboard import errors, labels, pages
 
 register = template.Library()
-
-# status -> (colour class, symbol, words). The symbol is decoration (aria-hidden); the words
-# say the status, so colour is never the only sign of it.
-BADGES: dict[str, dict[str, tuple[str, str, str]]] = {
-    "run": {
-        "pending": ("idle", "◌", "pending"),
-        "running": ("run", "●", "running"),
-        "paused": ("wait", "‖", "paused"),
-        "failed": ("bad", "✕", "failed"),
-        "succeeded": ("ok", "✓", "succeeded"),
-        "compensating": ("run", "↺", "compensating"),
-        "compensated": ("undo", "↩", "compensated"),
-        "needs_attention": ("bad", "⚠", "needs attention"),
-    },
-    "step": {
-        "started": ("run", "●", "running"),
-        "paused": ("wait", "‖", "paused"),  # interrupt() in its body: it runs again on resume
-        "succeeded": ("ok", "✓", "succeeded"),
-        "failed": ("bad", "✕", "failed"),
-        "violated": ("bad", "⚠", "invariant violated"),
-    },
-    "compensation": {
-        "running": ("run", "↺", "compensating"),
-        "succeeded": ("undo", "↩", "undone"),
-        "nothing_to_undo": ("idle", "○", "nothing to undo"),
-        "failed": ("bad", "✕", "failed"),
-        "skipped_in_doubt": ("warn", "?", "skipped (in doubt)"),
-    },
-    "approval": {
-        "pending": ("wait", "‖", "awaiting decision"),
-        "approved": ("ok", "✓", "approved"),
-        "rejected": ("bad", "✕", "rejected"),
-    },
-    "batch": {
-        "running": ("run", "●", "running"),
-        "done": ("ok", "✓", "done"),
-        "cancelled": ("idle", "■", "cancelled"),
-    },
-    "batch_item": {
-        "pending": ("idle", "◌", "pending"),
-        "done": ("ok", "✓", "done"),
-        "skipped": ("warn", "↷", "skipped"),
-        "failed": ("bad", "✕", "failed"),
-    },
-    "effect": {
-        "applied": ("ok", "●", "applied"),
-        "partially_compensated": ("warn", "◐", "partly undone"),
-        "compensated": ("undo", "↩", "undone"),
-        "undoes": ("undo", "↩", "undoes"),  # a refund: the ledger settles it "compensated"
-    },
-}
 
 
 @register.simple_tag
 def badge(kind: str, status: str) -> SafeString:
-    css, symbol, words = BADGES.get(kind, {}).get(status, ("idle", "•", status))
-    return format_html('<span class="badge st-{}" data-status="{}"><span aria-hidden="true">'
-                       "{}</span> {}</span>", css, status, symbol, words)
+    """A status as a badge: colour, symbol and words (``labels``), its meaning as a tooltip."""
+    shown = labels.label(kind, status)
+    title = format_html(' title="{}"', shown.meaning) if shown.meaning else ""
+    return format_html('<span class="badge st-{}" data-status="{}"{}><span aria-hidden="true">'
+                       "{}</span> {}</span>", shown.css, status, title, shown.symbol,
+                       shown.words)
 
 
 @register.simple_tag
 def badge_css(kind: str, status: str) -> str:
-    return BADGES.get(kind, {}).get(status, ("idle", "", ""))[0]
+    return labels.label(kind, status).css
 
 
 @register.simple_tag
-def when(value: datetime | None) -> SafeString | str:
+def graph_legend() -> tuple[labels.Label, ...]:
+    return labels.LEGEND
+
+
+@register.simple_tag
+def when(value: datetime | None, hint: bool = True) -> SafeString | str:
     """A time as ``<time>``: UTC in the markup; the page's script shows it in the reader's
-    locale and time zone, with a relative hint ("3 min ago")."""
+    locale and time zone, with a relative hint ("3 min ago") unless ``hint`` is false."""
     if value is None:
         return "—"
     utc = value.astimezone(UTC)
-    return format_html('<time datetime="{}" data-when>{}</time>', utc.isoformat(),
-                       utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
+    markup = ('<time datetime="{}" data-when>{}</time>' if hint
+              else '<time datetime="{}" data-when="plain">{}</time>')
+    return format_html(markup, utc.isoformat(), utc.strftime("%Y-%m-%d %H:%M:%S UTC"))
+
+
+@register.simple_tag
+def when_span(start: datetime, end: datetime) -> SafeString | str:
+    """From ``start`` to ``end`` ("08:26:54 to 08:26:56 · 2 min ago", with an en dash); one
+    time if they are the same second."""
+    if start.replace(microsecond=0) == end.replace(microsecond=0):
+        return when(start)
+    return format_html("{} &ndash; {}", when(start, hint=False), when(end))
 
 
 @register.simple_tag
@@ -165,6 +133,28 @@ def _utf16(char: str) -> tuple[int, ...]:
 
 
 @register.filter
+def duration(seconds: float | None) -> str:
+    """Whole seconds in words ("45 s", "3 min 5 s", "2 h 4 min"), as the page's script
+    keeps a waiting time current (dashboard.js, ``duration``)."""
+    whole = max(int(seconds or 0), 0)
+    if whole < 60:
+        return f"{whole} s"
+    minutes, rest = divmod(whole, 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s" if rest else f"{minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+
+
+@register.simple_tag
+def waited(since: datetime) -> SafeString:
+    """How long something has waited since ``since``: the page's script keeps it current."""
+    utc = since.astimezone(UTC)
+    return format_html('<span class="waited" data-waited-since="{}">waiting {}</span>',
+                       utc.isoformat(), duration((timezone.now() - since).total_seconds()))
+
+
+@register.filter
 def pretty(value: Any) -> str:
     """JSON, indented, for a ``<pre>`` (the template escapes it)."""
     return _json_text(json.dumps(value, indent=2, ensure_ascii=False, default=str,
@@ -222,11 +212,30 @@ def gate_tool(payload: Any) -> str:
 
 @register.filter
 def error_text(error: Any) -> str:
-    """An error the journal keeps (``{"type", "message", "traceback"}``) in one line."""
-    if not isinstance(error, dict):
-        return "" if error is None else str(error)
-    kind, message = error.get("type") or "", error.get("message") or ""
-    return f"{kind}: {message}" if kind and message else str(kind or message)
+    """An error the journal keeps (``{"type", "message", "traceback"}``), raw, in one line."""
+    return errors.raw(error)
+
+
+@register.filter
+def error_summary(error: Any) -> str:
+    """The same error in plain words ("Stripe unreachable (connection refused)")."""
+    return errors.summary(error)
+
+
+@register.inclusion_tag("dashboard/_raw_error.html")
+def raw_error(error: Any, same: int = 1) -> dict[str, Any]:
+    """The raw error (its whole message, its traceback) behind a click, below its summary:
+    an SDK's message can be long and say little to an operator."""
+    text = errors.raw(error)
+    traceback = error.get("traceback") if isinstance(error, dict) else ""
+    return {"text": text, "differs": text != errors.summary(error), "traceback": traceback,
+            "same": same}
+
+
+@register.filter
+def attempt_groups(attempts: Any) -> list[errors.AttemptGroup]:
+    """A compensation's attempts, those that ended the same way one after another as one."""
+    return errors.group_attempts(attempts)
 
 
 @register.filter

@@ -20,6 +20,17 @@ from tests.web.api.world import make_user
 from tests.web.dashboard.world import DashboardWorld, journal_state
 
 
+def button(html: str) -> str | None:
+    """The confirmation's submit button's words, if it has one."""
+    found = re.search(r'<button type="submit" class="button [a-z]+">([^<]+)</button>', html)
+    return found[1] if found else None
+
+
+def reason_label(html: str) -> str:
+    return re.search(r'<label for="batch-reason">Reason <span class="muted">([^<]+)</span>',
+                     html)[1]  # type: ignore[index]
+
+
 def confirmed_runs(html: str) -> list[str]:
     return re.search(r'name="runs" value="([^"]*)"', html)[1].split(",")  # type: ignore[index]
 
@@ -52,11 +63,29 @@ class BatchPageTests(DashboardWorld):
         response = self.client_for("charlie").get("/batches/new", {
             "action": "retry", "scope": "filter", "agent": "provision"})
         page = response.content.decode()
-        assert "Retry 3 runs?" in page  # failed, stuck and bob's: provision runs
+        assert "Retry 1 of 3 runs?" in page  # failed, stuck and bob's: provision runs
         assert 'data-eligible="1"' in page
         assert "the other <strong>2</strong> will be skipped" in page
+        # The button says what it does: the one run that fits is retried.
+        assert button(page) == "Retry 1 run"
         assert set(confirmed_runs(page)) == {str(r.code) for r in (self.failed, self.stuck,
                                                                    self.bobs)}
+
+    def test_it_says_where_the_reason_goes_for_each_action(self) -> None:
+        client = self.client_for("charlie")
+        retry = client.get("/batches/new", {"action": "retry", "runs": [self.failed.code]})
+        label = reason_label(retry.content.decode())
+        assert label == "(optional: kept with the batch and shown on its page)"
+        for action in ("compensate", "retry_compensations"):
+            page = client.get("/batches/new", {"action": action, "runs": [self.stuck.code]})
+            assert "compensation request" in reason_label(page.content.decode()), action
+
+    def test_it_offers_no_button_when_no_run_fits_the_action(self) -> None:
+        page = self.client_for("charlie").get("/batches/new", {
+            "action": "retry", "runs": [self.stuck.code, self.bobs.code]}).content.decode()
+        assert "Retry 0 of 2 runs?" in page and 'data-eligible="0"' in page
+        assert button(page) is None and 'action="/batches/"' not in page
+        assert "None of these runs fits the action now" in page
 
     def test_it_sends_an_empty_or_bad_selection_back_to_the_list_with_why(self) -> None:
         client = self.client_for("charlie")
@@ -89,6 +118,15 @@ class BatchPageTests(DashboardWorld):
         page = client.get(response["Location"]).content.decode()
         assert page.count('data-outcome="done"') == 2 and 'value="100"' in page
         assert 'data-dialog="confirm-cancel"' not in page  # finished: nothing to cancel
+        # "done" is "requested": the page says what became of the request, run by run.
+        assert 'data-status="done" title="Every run was acted on or skipped."' in page
+        assert page.count('<span aria-hidden="true">✓</span> requested</span>') == 3
+        assert re.findall(r"<td data-what>([^<]*)</td>", page) == [
+            "Requested (compensate by charlie): it waits for a worker to take it up."] * 2
+        Run.objects.filter(pk=self.failed.pk).update(status=Run.Status.COMPENSATED)
+        page = client.get(response["Location"]).content.decode()
+        assert re.findall(r"<td data-what>([^<]*)</td>", page)[0] == (
+            "Requested, and a worker took it up: the run is compensated now.")
 
     def test_it_refuses_a_batch_without_the_csrf_token_or_from_a_viewer(self) -> None:
         state = journal_state()

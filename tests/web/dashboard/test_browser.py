@@ -5,6 +5,10 @@ would).
 
 Screenshots of every page go to ``var/test-artifacts/dashboard/`` (``STATEGUARD_ARTIFACTS``
 names another folder); they are not committed, except the run page's in docs/img/.
+
+Every test fails, too, on what a person would not see but must not happen on any page: a
+violation of the Content-Security-Policy that Chromium reports, an error thrown by the page's
+script, or a request of the page answered 404 (``browser``, a watched Chromium).
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from typing import Any
 
 import pytest
 import stripe
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from stateguard_web.sagas import services
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
+from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.test_end_to_end import Server, stack  # noqa: F401  (stack: a fixture)
 from tests.web.api.world import make_user
 from tests.web.conftest import ROOT, Workers, wait_for
+from tests.web.stripe_relay import StripeRelay
+from tests.web.test_workers import next_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -38,7 +46,7 @@ WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def chromium() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     executable = shutil.which("chromium")
@@ -60,6 +68,38 @@ def browser() -> Iterator[Any]:
             os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         else:
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
+
+
+class Watched:
+    """Chromium, whose every context reports what must not happen on a page: a violation of
+    the Content-Security-Policy (Chromium says so on the console), an error the page's script
+    throws, a request of its answered 404 (a missing script or stylesheet, say)."""
+
+    def __init__(self, chromium: Any) -> None:
+        self.chromium = chromium
+        self.problems: list[str] = []
+
+    def new_context(self, **options: Any) -> Any:
+        context = self.chromium.new_context(**options)
+        context.on("console", self._console)
+        context.on("weberror", lambda error: self.problems.append(f"script error: {error.error}"))
+        context.on("response", self._response)
+        return context
+
+    def _console(self, message: Any) -> None:
+        if "Content Security Policy" in message.text:
+            self.problems.append(f"CSP violation on {message.page.url}: {message.text}")
+
+    def _response(self, response: Any) -> None:
+        if response.status == 404:
+            self.problems.append(f"404: {response.url}")
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Iterator[Watched]:
+    watched = Watched(chromium)
+    yield watched
+    assert not watched.problems, "\n".join(watched.problems)
 
 
 @pytest.fixture
@@ -261,6 +301,12 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     stuck.refresh_from_db()
     assert stuck.status == Run.Status.NEEDS_ATTENTION
     assert AuditEvent.objects.filter(run=stuck).count() == audit_before
+    # The server logs the refusal in one line, not with the refusal's traceback.
+    refused = f"Forbidden (Permission denied): /runs/{stuck.code}/resolve"
+    wait_for(lambda: refused in stack.logs(), 10, "the refusal in the log", stack.logs)
+    lines = stack.logs().splitlines()
+    after = lines[next(i for i, line in enumerate(lines) if refused in line) + 1:]
+    assert not after or not after[0].startswith("Traceback"), after[:3]
     viewing.close()
 
     phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
@@ -375,3 +421,242 @@ def test_a_person_locked_out_after_wrong_passwords_is_told_why_and_for_how_long(
     finally:
         server.stop()
     assert AuditEvent.objects.filter(action="login.locked_out").count() == 1
+
+
+# -- issue 18: what the operator could not tell from the pages -----------------------------------
+
+@pytest.fixture
+def site(workers: Workers, localstripe_url: str, tmp_path: Path) -> Iterator[Server]:
+    """The web server on the test database, with no worker (``workers.start`` adds them)."""
+    workers.env.update(STRIPE_API_BASE=localstripe_url, STRIPE_API_KEY=STRIPE_TEST_KEY,
+                       STATEGUARD_ENV_FILE="")
+    server = Server(workers.env, tmp_path / "daphne.log")
+    try:
+        server.wait_until_up()
+        yield server
+    finally:
+        server.stop()
+
+
+def banner(page: Any) -> str:
+    return " ".join(page.locator("[data-workers-down]").inner_text().split())
+
+
+def test_it_warns_on_every_page_while_no_worker_is_alive(
+        site: Server, workers: Workers, browser: Any, people: dict[str, Any],
+        publisher: None) -> None:
+    """With no worker, runs stay pending: every page says so (and it comes and goes live as
+    workers start and stop), and the list says how long each pending run has waited. Then a
+    batch's confirmation and page say what it will do and what it did."""
+    url, shop = site.url, people["shop"]
+    context, page, logs = operator_page(browser, site, workers)
+    live(page)
+    assert banner(page).startswith("⚠ No worker is alive: none has sent a heartbeat in the "
+                                   "last 1 min.")
+    run = submit("provision", shop, name="web-waits")
+    row = page.locator(f"#run-{run.code}")
+    row.wait_for()
+    assert row.get_attribute("data-status") == "pending" and not_reloaded(page)
+    waited = row.locator(".waited")
+    first = waited.inner_text()
+    assert first.startswith("waiting ") and first.endswith(" s")
+    page.wait_for_function("([row, before]) => document.querySelector(row + ' .waited')"
+                           ".textContent !== before", arg=[f"#run-{run.code}", first])
+    # (it keeps counting; the row may be a new element by then: the list re-reads itself)
+    page.wait_for_selector("[data-workers-down] [data-pending-count]")
+    assert "1 run waits now" in banner(page)
+    shot(page, "22-no-worker-runs-list")
+    page.click(f"#run-{run.code} a.run-link")
+    live(page)
+    assert "the run waits for a worker (waiting" in page.locator("#run-live").inner_text()
+    assert banner(page).startswith("⚠ No worker is alive")
+    shot(page, "23-no-worker-run")
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    small.goto(url + "/")
+    small.wait_for_selector("[data-workers-down]")
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(small, "24-phone-no-worker")
+    phone.close()
+
+    # A worker starts: the banner goes (the page asks every 15 s), and the run runs.
+    worker = workers.start("w1")  # (a worker's start-up takes seconds on a busy machine)
+    page.wait_for_selector("[data-workers-down]", state="detached", timeout=60_000)
+    run_status(page, "succeeded", logs, timeout=60)
+    assert not_reloaded(page)
+
+    # A batch: its confirmation names the runs it will act on, the button too.
+    done = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
+                              submitted_by=shop, input={"name": "web-done"})
+    page.goto(url + "/")
+    for code in (run.code, done.code):
+        page.check(f"#run-{code} input[data-pick]")
+    page.select_option("#batch-action", "compensate")
+    page.click("#batch-form button[type=submit]")
+    page.wait_for_selector("[data-eligible]")
+    assert page.locator("h1").inner_text() == "Compensate 1 of 2 runs?"
+    button = page.locator("form[action='/batches/'] button[type=submit]")
+    assert button.inner_text() == "Compensate 1 run"
+    assert "compensation request" in page.locator("label[for=batch-reason]").inner_text()
+    shot(page, "25-batch-confirm")
+    button.click()
+    page.wait_for_url("**/batches/*/")
+    live(page)
+    what = page.locator(f'tr[data-item="{run.code}"] [data-what]')
+    try:
+        page.wait_for_selector(f'tr[data-item="{run.code}"] [data-what]:has-text('
+                               "'the run is compensated now')", timeout=45_000)
+    except PlaywrightTimeout:
+        pytest.fail(f"{page.locator('table').inner_text()}\n{logs()[-8000:]}")
+    assert what.inner_text() == ("Requested, and a worker took it up: the run is compensated "
+                                 "now.")
+    outcome = page.locator(f'tr[data-item="{run.code}"] [data-status="done"]')
+    assert outcome.inner_text().strip().endswith("requested")
+    skipped = page.locator(f'tr[data-item="{done.code}"] [data-what]').inner_text()
+    assert "is compensated; only a paused, failed, succeeded or needs-attention run" in skipped
+    shot(page, "26-batch-done")
+
+    # The worker stops: the banner is back on the open page.
+    workers.stop(worker)
+    page.wait_for_selector("[data-workers-down]", timeout=45_000)  # it said goodbye
+    assert banner(page).startswith("⚠ No worker is alive")
+    shot(page, "27-worker-stopped")
+    context.close()
+
+
+def test_it_shows_a_step_cut_off_by_a_dead_worker_in_doubt(
+        stack: Server, workers: Workers, browser: Any,  # noqa: F811
+        people: dict[str, Any], publisher: None) -> None:
+    """A worker SIGKILLed in the middle of allocate_port: recovery unwinds the run, and the
+    step it cut off is "in doubt" (not "running") in the list and the graph, and says why."""
+    url = stack.url
+    context, page, logs = operator_page(browser, stack, workers)
+    run = submit("provision", people["shop"], name="web-cut", sleep_at="allocate_port",
+                 sleep_seconds=60)
+    # The checkpoint that names allocate_port next is saved before its body starts, and the
+    # body sleeps a minute before its effect: kill the worker there (as test_workers does).
+    wait_for(lambda: next_nodes(run) == ("allocate_port",), 30,
+             "the worker to go on into allocate_port", logs)
+    (doomed,) = workers.procs
+    workers.kill(doomed)
+    workers.start("rescuer", beat=True)
+    page.goto(f"{url}/runs/{run.code}/")
+    live(page)
+    run_status(page, "compensated", logs, timeout=60)
+    cut = page.locator('[data-step][data-node="allocate_port"]')
+    assert cut.get_attribute("data-status") == "in_doubt"
+    badge = cut.locator(".badge")
+    assert badge.inner_text().strip().endswith("in doubt")
+    assert "Whether it had its effect is unknown." in (badge.get_attribute("title") or "")
+    assert cut.locator("[data-in-doubt]").inner_text().endswith(
+        "Its compensation looked and found nothing to undo.")
+    node = page.locator('.graph-node[data-node="allocate_port"]')
+    assert "st-warn" in (node.get_attribute("class") or "")
+    assert node.locator(".graph-status").text_content() == "in doubt · nothing to undo"
+    assert "Started and never finished" in (node.locator("title").text_content() or "")
+    assert "running" not in " ".join(page.locator(".graph-status").all_text_contents())
+    shot(page, "28-run-in-doubt")
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    small.goto(f"{url}/runs/{run.code}/")
+    small.wait_for_selector('[data-node="allocate_port"][data-status="in_doubt"]')
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(small, "29-phone-run-in-doubt")
+    phone.close()
+    context.close()
+
+
+@pytest.fixture
+def relay(localstripe_url: str, stripe_client: stripe.StripeClient) -> Iterator[StripeRelay]:
+    relay = StripeRelay(localstripe_url)
+    yield relay
+    relay.close()
+
+
+def test_it_shows_attempts_that_failed_alike_once_with_the_raw_error_a_click_away(
+        site: Server, workers: Workers, browser: Any, people: dict[str, Any],
+        publisher: None, relay: StripeRelay) -> None:
+    """Stripe goes out of reach after the charge: the refund fails on every attempt, with the
+    SDK's long message each time. The page says it once, in words, for all five attempts; the
+    message is behind a click."""
+    workers.env.update(STRIPE_API_BASE=relay.url)
+    relay.drop(b"GET /v1/payment_intents/")  # the refund's first call: Stripe gone
+    workers.start("w1")
+    context, page, logs = operator_page(browser, site, workers)
+    run = submit("checkout", people["shop"], email="outage@shop.test", amount=42_00,
+                 fail_booking=True)
+    page.goto(f"{site.url}/runs/{run.code}/")
+    live(page)
+    attempts = page.locator('[data-compensation="charge_user"] tr[data-attempts="5"]')
+    try:
+        attempts.wait_for(timeout=90_000)
+    except PlaywrightTimeout:
+        pytest.fail(f"no five attempts on the page\n{logs()[-8000:]}")
+    assert attempts.locator("td.num").inner_text() == "1\u20135"
+    assert attempts.locator("strong").inner_text() == "5 attempts:"
+    assert attempts.locator(".error-summary").inner_text() == (
+        "Stripe unreachable (connection dropped)")
+    assert page.locator('[data-compensation="charge_user"] tr[data-attempts]').count() == 1
+    raw = attempts.locator("pre.error-raw")
+    assert not raw.is_visible()
+    # The worker's events told the page that a worker is alive: no banner says otherwise.
+    page.wait_for_selector("[data-workers-down]", state="detached")
+    shot(page, "30-attempts-grouped")
+    attempts.locator("summary", has_text="The error as raised (each of the 5 times)").click()
+    assert raw.is_visible()
+    assert raw.inner_text().startswith("APIConnectionError: Unexpected error communicating "
+                                       "with Stripe.")
+    shot(page, "31-attempts-raw-error")
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    small.goto(f"{site.url}/runs/{run.code}/")
+    small.wait_for_selector('tr[data-attempts="5"]')
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(small, "32-phone-attempts-grouped")
+    phone.close()
+    context.close()
+
+
+def test_every_page_passes_its_content_security_policy(
+        site: Server, workers: Workers, browser: Any, people: dict[str, Any]) -> None:
+    """The dashboard's pages, the admin's and the API docs, as a superuser opens them: the
+    policy is on each, and ``browser`` fails the test on any violation Chromium reports (or a
+    404, such as a missing favicon)."""
+    url = site.url
+    make_user("root", is_superuser=True, is_staff=True, password=PASSWORD)
+    stuck = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION,
+                               submitted_by=people["shop"], input={"name": "web-csp"})
+    step = Step.objects.create(run=stuck, step_id="s1", node="allocate_port",
+                               status=Step.Status.SUCCEEDED, started_at=stuck.created_at,
+                               finished_at=stuck.created_at, done_seq=1)
+    Compensation.objects.create(run=stuck, step=step, node="allocate_port",
+                                idempotency_key="k-csp", status=Compensation.Status.FAILED)
+    context = browser.new_context(viewport=WIDE)
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    log_in(page, url, "root")
+    policy = page.goto(url + "/").headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "unsafe" not in policy
+    live(page)  # websockets pass the policy ('self')
+    for path in ["/inbox/approvals/", "/inbox/attention/", f"/runs/{stuck.code}/",
+                 f"/runs/{stuck.code}/?confirm=resolve",
+                 f"/batches/new?action=compensate&runs={stuck.code}",
+                 "/admin/", "/admin/sagas/run/", f"/admin/sagas/run/{stuck.pk}/change/",
+                 "/admin/accounts/apikey/add/"]:
+        assert page.goto(url + path).headers["content-security-policy"] == policy, path
+    page.fill("#id_user", str(people["shop"].pk))  # a raw id field
+    page.fill("#id_name", "csp-check")
+    page.click("input[name=_save]")
+    page.wait_for_selector("input[aria-label='API key']")  # shown once: the created page
+    shot(page, "33-admin-key-created")
+    page.goto(url + "/api/docs")
+    page.wait_for_selector(".swagger-ui .info")
+    shot(page, "34-api-docs")
+    icon = page.request.get(url + "/favicon.ico")  # as a page's icon, not as a page
+    assert icon.status == 200 and icon.headers["content-type"] == "image/x-icon"
+    # Chromium asks for it by itself (its own requests are not the page's, so ``browser``
+    # does not see them): the server's access log does.
+    wait_for(lambda: '"GET /favicon.ico" 200' in site.logs(), 10, "Chromium's favicon",
+             site.logs)
+    assert '"GET /favicon.ico" 404' not in site.logs()
+    context.close()

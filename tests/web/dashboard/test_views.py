@@ -7,15 +7,32 @@ import uuid
 from datetime import timedelta
 from unittest import mock
 
+import redis
+from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
+from stateguard_web import heartbeat
 from stateguard_web.dashboard import pages
-from stateguard_web.sagas.models import Approval, AuditEvent, Run
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
 
 ACTION_URL = re.compile(r'action="/runs/[0-9a-f-]+/(approve|reject|retry|compensate|resolve|'
                         r'compensations/\d+/retry)"')
+
+
+def outside_details(html: str) -> str:
+    """What a page shows before anything is clicked open: ``html`` less every closed
+    ``<details>`` (the ones the page opens itself are kept)."""
+    shown, depth = [], 0
+    for part in re.split(r"(<details\b[^>]*>|</details>)", html):
+        if part.startswith("<details"):
+            depth += 0 if depth == 0 and " open" in part else 1
+        elif part == "</details>":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            shown.append(part)
+    return "".join(shown)
 
 
 def actions_on(html: str) -> list[str]:
@@ -176,6 +193,34 @@ class PageTests(DashboardWorld):
         assert "k-port" in html and "k-config" in html
         assert "OSError: registry locked" in html and "Traceback: registry locked" in html
 
+    def test_it_groups_identical_failed_attempts_with_the_raw_error_a_click_away(self) -> None:
+        """Five attempts that could not reach Stripe are one row in words; the SDK's message
+        is on the page once, inside a <details>, however many attempts raised it."""
+        from tests.conftest import _free_port
+        from tests.web.dashboard.test_errors import refund_error
+
+        refused = refund_error(f"http://127.0.0.1:{_free_port()}")
+        attempts = self.compensation.attempts
+        attempts.all().delete()
+        start = timezone.now()
+        for n in range(1, 6):
+            at = start + timedelta(milliseconds=400 * n)
+            attempts.create(number=n, started_at=at, finished_at=at, ok=False, error=refused)
+        at = start + timedelta(seconds=5)
+        attempts.create(number=6, started_at=at, finished_at=at, ok=False,
+                        error={"type": "OSError", "message": "registry locked"})
+        html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+        rows = re.findall(r'<tr data-attempts="(\d+)">\s*<td class="num">([^<]+)</td>', html)
+        assert rows == [("5", "1\u20135"), ("1", "6"), ("1", "1")]  # write_config's one ok attempt
+        assert re.search(r"<strong>5 attempts:</strong> <span class=\"error-summary\">"
+                         r"Stripe unreachable \(connection refused\)</span>", html)
+        assert "HTTPConnectionPool" not in outside_details(html)
+        raw = html[html.index("HTTPConnectionPool") - 600:html.index("HTTPConnectionPool")]
+        assert '<details class="raw-error"><summary>The error as raised (each of the 5 times)' \
+               in raw and '<pre class="error-raw">APIConnectionError: ' in raw
+        assert html.count('<pre class="error-raw">APIConnectionError: ') == 1
+        assert '<span class="error-summary">OSError: registry locked</span>' in html
+
     def test_it_shows_an_invariant_violation_with_the_state_that_broke_it(self) -> None:
         run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
                                  input={"name": "web-9"}, submitted_by=self.alice)
@@ -203,6 +248,67 @@ class PageTests(DashboardWorld):
         assert 'st-bad" data-node="allocate_port"' in stuck  # its undo failed
         assert 'st-undo" data-node="write_config"' in stuck
 
+    def test_it_shows_a_step_cut_off_by_a_dead_worker_as_in_doubt_everywhere(self) -> None:
+        """Recovery unwound the run (compensated) and the cut-off step stays "started" in the
+        journal: the page calls it in doubt (step list, graph, legend), says what that means,
+        and what its compensation found; never "running"."""
+        from tests.web.dashboard.world import step
+
+        run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
+                                 submitted_by=self.alice, input={"name": "web-7"})
+        step(run, "create_workspace", 1)
+        cut = step(run, "write_config", None, Step.Status.STARTED, finished_at=None)
+        Compensation.objects.create(run=run, step=cut, node="write_config",
+                                    idempotency_key="k-cut",
+                                    status=Compensation.Status.NOTHING_TO_UNDO)
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert 'data-node="write_config" data-status="in_doubt"' in html
+        badge = re.search(r'<span class="badge st-warn" data-status="in_doubt" title="([^"]+)">'
+                          r'<span aria-hidden="true">\?</span> in doubt</span>', html)
+        assert badge and "Whether it had its effect is unknown." in badge[1]
+        note = re.search(r'<p class="note" data-in-doubt>([^<]+)</p>', html)
+        assert note and note[1].endswith("Its compensation looked and found nothing to undo.")
+        svg = html[html.index("<svg"):html.index("</svg>")]
+        node = re.search(r'<g class="graph-node st-warn" data-node="write_config"><title>'
+                         r'([^<]+)</title>.*?<text class="graph-status"[^>]*>([^<]+)</text>',
+                         svg)
+        assert node and node[2] == "in doubt · nothing to undo"
+        assert node[1].startswith("write_config: in doubt · nothing to undo. Started and")
+        statuses = re.findall(r'<text class="graph-status"[^>]*>([^<]+)</text>', svg)
+        assert not any("running" in words for words in statuses), statuses
+        assert 'data-status="started"' not in html
+        assert re.search(r'<li title="[^"]+"><span class="swatch st-warn"></span>in doubt</li>',
+                         html)
+
+    def test_it_calls_a_started_step_running_while_its_worker_holds_the_run(self) -> None:
+        from tests.web.dashboard.world import step
+
+        run = Run.objects.create(agent="provision", status=Run.Status.RUNNING,
+                                 submitted_by=self.alice, input={"name": "web-8"},
+                                 lease_owner="w1", lease_expires_at=timezone.now()
+                                 + timedelta(seconds=30))
+        step(run, "create_workspace", None, Step.Status.STARTED, finished_at=None)
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert 'data-node="create_workspace" data-status="started"' in html
+        assert "▶ running" in html and "data-in-doubt" not in html
+        # Its worker died: the lease ran out, and no one runs the step any more.
+        Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now()
+                                             - timedelta(seconds=1))
+        html = self.client_for("vera").get(self.url(run)).content.decode()
+        assert 'data-node="create_workspace" data-status="in_doubt"' in html
+        assert "▶ running" not in html
+
+    def test_it_calls_each_status_the_same_on_its_badge_and_in_the_graph(self) -> None:
+        html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+        svg = html[html.index("<svg"):html.index("</svg>")]
+        for node, words in [("write_config", "compensated"),
+                            ("allocate_port", "compensation failed")]:
+            shown = re.search(rf'data-compensation="{node}".*?<span aria-hidden="true">.</span> '
+                              r"([^<]+)</span>", html, re.S)
+            assert shown and shown[1] == words, node
+            assert re.search(rf'data-node="{node}">.*?<text class="graph-status"[^>]*>'
+                             rf"{words}</text>", svg), node
+
     def test_it_shows_effects_when_the_run_has_some(self) -> None:
         from stateguard_web.sagas.models import Effect
 
@@ -217,6 +323,64 @@ class PageTests(DashboardWorld):
     def test_it_shows_the_audit_trail(self) -> None:
         html = self.client_for("vera").get(self.url(self.scripted)).content.decode()
         assert "<code>run.submitted</code>" in html and "<td>alice</td>" in html
+
+
+class WorkerHealthTests(DashboardWorld):
+    """The banner that says no worker is alive, from the heartbeats workers keep in Redis."""
+
+    def setUp(self) -> None:
+        self.redis = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        self.redis.delete(heartbeat.KEY)
+        self.addCleanup(self.redis.delete, heartbeat.KEY)
+
+    def banner(self, html: str) -> str:
+        found = re.search(r'<p class="banner banner-bad" role="alert" data-workers-down>(.*?)'
+                          r"</p>", html, re.S)
+        return " ".join(re.sub(r"<[^>]+>", "", found[1]).split()) if found else ""
+
+    def test_it_says_on_every_page_that_no_worker_is_alive(self) -> None:
+        Run.objects.create(agent="provision", submitted_by=self.alice, input={})
+        for path in ["/", self.url(self.paused), "/inbox/approvals/", "/inbox/attention/"]:
+            banner = self.banner(self.client_for("vera").get(path).content.decode())
+            assert banner.startswith("⚠ No worker is alive: none has sent a heartbeat in the "
+                                     "last 1 min. Runs stay pending"), (path, banner)
+            assert "1 run waits now" in banner, banner
+        assert "0 runs" not in self.banner(self.client_for("bob").get("/").content.decode())
+
+    def test_it_says_nothing_while_a_worker_beats_and_when_the_last_beat_was(self) -> None:
+        heartbeat.beat(self.redis, "w1@host")  # what a worker does every 15 s
+        assert self.banner(self.client_for("vera").get("/").content.decode()) == ""
+        fragment = self.client_for("vera").get("/workers")
+        assert fragment.status_code == 200 and 'id="workers-banner"' in fragment.content.decode()
+        assert "data-workers-down" not in fragment.content.decode()
+        # Its beat was 2 minutes ago: it died (the set's score is the Redis server's clock).
+        (now, micro) = self.redis.time()
+        self.redis.zadd(heartbeat.KEY, {"w1@host": now + micro / 1e6 - 120})
+        banner = self.banner(self.client_for("vera").get("/workers").content.decode())
+        assert "(the last one 2 min ago)." in banner, banner
+
+    def test_it_says_when_the_broker_does_not_answer(self) -> None:
+        from tests.conftest import _free_port
+
+        with self.settings(CELERY_BROKER_URL=f"redis://127.0.0.1:{_free_port()}/0"):
+            banner = self.banner(self.client_for("vera").get("/").content.decode())
+        assert banner.startswith("⚠ The broker (Redis) does not answer: workers cannot take "
+                                 "runs from it"), banner
+
+    def test_it_shows_how_long_a_pending_run_has_waited(self) -> None:
+        run = Run.objects.create(agent="provision", submitted_by=self.alice, input={})
+        Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(seconds=75))
+        html = self.client_for("vera").get("/").content.decode()
+        row = html[html.index(f'<tr id="run-{run.code}"'):]
+        assert re.search(r'<span class="waited" data-waited-since="[^"]+">waiting 1 min 1[5-9] s'
+                         r"</span>", row[:row.index("</tr>")])
+        assert html.count("data-waited-since") == 1  # the pending run's only
+        page = self.client_for("vera").get(self.url(run)).content.decode()
+        assert "the run waits for a worker (<span class=\"waited\"" in page
+
+    def test_it_answers_the_banner_to_those_who_see_runs_only(self) -> None:
+        assert Client().get("/workers").status_code == 302
+        assert self.client_for("nobody").get("/workers").status_code == 403
 
 
 class ButtonTests(DashboardWorld):

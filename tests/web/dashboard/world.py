@@ -25,9 +25,9 @@ SCRIPT = "<script>alert('pwned')</script>"
 def step(run: Run, node: str, seq: int | None, status: str = Step.Status.SUCCEEDED,
          **extra: Any) -> Step:
     at = run.created_at + timedelta(seconds=seq or 9)
+    extra.setdefault("finished_at", at + timedelta(milliseconds=340))
     return Step.objects.create(run=run, step_id=f"{run.code}-{node}", node=node, status=status,
-                               started_at=at, finished_at=at + timedelta(milliseconds=340),
-                               done_seq=seq, **extra)
+                               started_at=at, done_seq=seq, **extra)
 
 
 class DashboardWorld(TestCase):
