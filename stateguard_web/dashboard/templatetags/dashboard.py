@@ -101,11 +101,11 @@ def _hidden(char: str) -> bool:
 @register.filter
 def visible(value: Any) -> SafeString:
     """Text from outside, isolated (``<bdi>``), each hidden character as a marker
-    (``<span class="ctrl">U+202E</span>``, its name in the title). Printable ASCII, most of
-    what comes by, is only escaped: it has no right-to-left letter and nothing hidden."""
+    (``<span class="ctrl">U+202E</span>``, its name in the title). ASCII with nothing hidden
+    but line breaks, most of what comes by, is only escaped: it has no right-to-left letter."""
     text = "" if value is None else str(value)
-    if text.isascii() and text.isprintable():
-        return escape(text)
+    if text.isascii() and (text.isprintable() or not any(map(_hidden, text))):
+        return escape(text)  # a traceback: ASCII lines
     parts, start = [], 0
     if not text.isprintable():  # else nothing is hidden (checked at C speed)
         for at, char in enumerate(text):
