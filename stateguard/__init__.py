@@ -33,7 +33,7 @@ from stateguard.records import (
     StepStatus,
 )
 from stateguard.report import CompensationOutcome, UnwindReport
-from stateguard.retry import CompensationRetry
+from stateguard.retry import CompensationRetry, RetryLater
 from stateguard.spec import Compensation, Invariant
 from stateguard.sqlite_journal import SqliteJournal
 from stateguard.tool_calls import ToolCall, tool_calls
@@ -61,6 +61,7 @@ __all__ = [
     "InvariantInfo",
     "InvariantViolation",
     "Journal",
+    "RetryLater",
     "RunLocked",
     "RunNotFound",
     "RunStatus",

@@ -49,7 +49,7 @@ class ExceptionContext:
     step_result: Any  # what that step wrote
     attempt: int  # 1-based attempt of this compensation
     idempotency_key: str  # same on every retry of this compensation: pass it to Stripe & co.
-    reason: str  # "error", "invariant", "rejected", "operator", "crash"
+    reason: str  # "error", "invariant", "rejected", "operator", "crash", "retry"
     failed_node: str | None = None  # the node that raised or violated, if any
     error: ErrorInfo | None = None
     invariant: InvariantInfo | None = None

@@ -19,6 +19,7 @@ logger = logging.getLogger("stateguard")
 EventType = Literal[
     "step.started", "step.succeeded", "step.failed", "invariant.violated",
     "compensation.attempt", "compensation.succeeded", "compensation.failed",
+    "compensation.waiting",
     "approval.requested", "approval.decided", "run.status",
 ]
 

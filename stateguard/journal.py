@@ -72,7 +72,11 @@ class Journal(Protocol):
         """Return the step's compensation record, creating it from ``record`` if there is none."""
 
     def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
-                             status: CompensationStatus) -> None: ...
+                             status: CompensationStatus, *, retry_at: float | None = None
+                             ) -> None:
+        """Journal one attempt and the compensation's status, and for ``waiting`` its next
+        round's time. (The unwind passes ``retry_at`` only then: a journal written before it
+        existed keeps working for policies without ``RetryLater``.)"""
 
     def compensations(self, run_id: str) -> list[CompensationRecord]: ...
 
@@ -309,11 +313,12 @@ class InMemoryJournal:
             return copy.deepcopy(existing)
 
     def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
-                             status: CompensationStatus) -> None:
+                             status: CompensationStatus, *, retry_at: float | None = None
+                             ) -> None:
         with self._lock:
             record = self._comps[run_id][step_id]
             record.attempts.append(attempt)
-            record.status = status
+            record.status, record.retry_at = status, retry_at
 
     def compensations(self, run_id: str) -> list[CompensationRecord]:
         with self._lock:

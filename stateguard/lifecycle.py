@@ -18,8 +18,9 @@ The statuses::
                           │         └──compensate──> compensating <┘
                           └─(worker died)─recover─> running | compensating
     compensating ──> compensated | needs_attention ──resolve──> compensated
-                                         ├──compensate (retry the failed ones)
-                                         └──retry_compensation (one of them)
+         │                               ├──compensate (retry the failed ones)
+         │                               └──retry_compensation (one of them)
+         └─(a compensation waits: RetryLater)─recover at its time, or retry_compensation now
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ TRANSITIONS: dict[Action, Transition] = {
     Action.RESOLVE: Transition(frozenset({S.NEEDS_ATTENTION}), S.COMPENSATED,
                                "a run that needs attention is resolved by hand"),
     Action.RETRY_COMPENSATION: Transition(
-        frozenset({S.NEEDS_ATTENTION}), None,
-        "a run that needs attention has a failed compensation to retry"),
+        frozenset({S.NEEDS_ATTENTION, S.COMPENSATING}), None,
+        "a run that needs attention, or whose compensation waits, has one to retry"),
     Action.RECOVER: Transition(frozenset({S.RUNNING, S.COMPENSATING}), None,
                                "a running or compensating run whose worker died is recovered"),
 }

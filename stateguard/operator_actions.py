@@ -21,6 +21,7 @@ from stateguard.exceptions import ApprovalRejected, ConfigurationError, InvalidR
 from stateguard.instrument import node_tags
 from stateguard.lifecycle import Action, check
 from stateguard.records import (
+    RETRYABLE_COMPENSATIONS,
     ApprovalRecord,
     ApprovalStatus,
     CompensationStatus,
@@ -208,11 +209,11 @@ class GuardOperations(GuardRunner):
             return report
 
     def _compensate(self, graph: Graph, config: RunnableConfig, run_id: str, by: str,
-                    reason: str, *, reconcile: bool = True) -> UnwindReport:
+                    reason: str | Cause, *, reconcile: bool = True) -> UnwindReport:
         # We hold the lease, so a step still "started" has lost its worker: it is in doubt.
         if reconcile:
             self._reconcile(graph, graph.get_state(config), run_id)
-        cause = Cause(reason)
+        cause = reason if isinstance(reason, Cause) else Cause(reason)
         report = self.core.unwind(run_id, cause, triggered_by=by, include_in_doubt=True,
                                   fallback_state=lambda: values_of(graph, config))
         answer_tool_calls(graph, config, cause, report)
@@ -244,11 +245,11 @@ class GuardOperations(GuardRunner):
         check(Action.RETRY_COMPENSATION, self._run_record(run_id).status, run=run_id)
         record = next((c for c in self.core.journal.compensations(run_id)
                        if c.step_id == step_id), None)
-        if record is None or record.status not in (CompensationStatus.FAILED,
-                                                   CompensationStatus.SKIPPED_IN_DOUBT):
+        if record is None or record.status not in RETRYABLE_COMPENSATIONS:
             status = record.status if record else "not there"
             raise InvalidRunState(f"the compensation of step {step_id!r} is {status}; only "
-                                  "a failed or skipped-in-doubt compensation is retried")
+                                  "a failed, skipped-in-doubt or waiting compensation is "
+                                  "retried")
 
     def resolve(self, graph: Graph, config: RunnableConfig, *, note: str,
                 by: str = "operator") -> None:
@@ -314,7 +315,11 @@ class GuardOperations(GuardRunner):
         A run whose graph had finished when its process died (it died before saying so, maybe
         before LangGraph's last checkpoint) is settled as it would have been: its final state is
         checked, and it succeeds or unwinds on a violation. Unwinding it for the crash would
-        undo a saga that completed."""
+        undo a saga that completed.
+
+        A compensating run whose compensations wait (``RetryLater``) is what recovery runs
+        the next round of, once their ``retry_at`` has come: the unwind goes on (``ctx.reason``
+        ``"retry"``, ``ctx.error`` the run's error), skipping what was undone already."""
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             run = self._run_record(run_id)
@@ -329,6 +334,11 @@ class GuardOperations(GuardRunner):
                 # It died after pausing at a gate, before saying so: it waits for a decision.
                 self.core.set_status(run_id, RunStatus.PAUSED)
                 return None
+            waiting = any(c.status == CompensationStatus.WAITING
+                          for c in self.core.journal.compensations(run_id))
+            if waiting:
+                return self._compensate(graph, config, run_id, "retry",
+                                        Cause("retry", error=run.error), reconcile=False)
             return self._compensate(graph, config, run_id, "recovery", "crash", reconcile=False)
 
     def _pausing(self, graph: Graph, config: RunnableConfig, run_id: str) -> bool:

@@ -56,11 +56,17 @@ class CompensationStatus(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     NOTHING_TO_UNDO = "nothing_to_undo"  # the compensation returned a falsy value
-    FAILED = "failed"  # every attempt failed: needs an operator
+    FAILED = "failed"  # every attempt failed (or one failed for good): needs an operator
     SKIPPED_IN_DOUBT = "skipped_in_doubt"  # in-doubt step whose compensation is not safe to run
+    # Its attempts are spent for now and its retry policy waits before trying again
+    # (``RetryLater``): the run stays compensating until ``retry_at``.
+    WAITING = "waiting"
 
 
 DONE_COMPENSATIONS = frozenset({CompensationStatus.SUCCEEDED, CompensationStatus.NOTHING_TO_UNDO})
+# Compensations that leave the run needing a person, and those an operator may run again now.
+STUCK_COMPENSATIONS = frozenset({CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT})
+RETRYABLE_COMPENSATIONS = STUCK_COMPENSATIONS | {CompensationStatus.WAITING}
 
 
 class ApprovalStatus(StrEnum):
@@ -168,6 +174,7 @@ class CompensationRecord:
     status: CompensationStatus = CompensationStatus.RUNNING
     triggered_by: str = "automatic"
     attempts: list[AttemptRecord] = field(default_factory=list)
+    retry_at: float | None = None  # when a waiting compensation is tried again (epoch seconds)
 
     @property
     def last_error(self) -> ErrorInfo | None:

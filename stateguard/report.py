@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
-from stateguard.records import CompensationStatus, ErrorInfo
+from stateguard.records import STUCK_COMPENSATIONS, CompensationStatus, ErrorInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,12 +15,15 @@ class CompensationOutcome:
     status: CompensationStatus | str  # a CompensationStatus, or "no_compensation"/"already_done"
     attempts: int = 0
     errors: tuple[ErrorInfo, ...] = ()
+    retry_at: float | None = None  # a waiting compensation's next round
 
     def __str__(self) -> str:
         text = f"{self.node}={self.status}"
         if self.attempts > 1:
             text += f" after {self.attempts} attempts"
-        if self.errors and self.status == CompensationStatus.FAILED:
+        if self.retry_at is not None:
+            text += f", tried again at {time.strftime('%H:%M:%S', time.localtime(self.retry_at))}"
+        if self.errors and self.status in (CompensationStatus.FAILED, CompensationStatus.WAITING):
             text += f" (last error: {self.errors[-1]})"
         return text
 
@@ -32,8 +36,12 @@ class UnwindReport:
 
     @property
     def needs_attention(self) -> bool:
-        return any(o.status in (CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT)
-                   for o in self.outcomes)
+        return any(o.status in STUCK_COMPENSATIONS for o in self.outcomes)
+
+    @property
+    def waiting(self) -> bool:
+        """Some compensation waits to be tried again (``RetryLater``): not undone yet."""
+        return any(o.status == CompensationStatus.WAITING for o in self.outcomes)
 
     @property
     def compensated(self) -> list[str]:
@@ -45,13 +53,14 @@ class UnwindReport:
         from stateguard.exceptions import CompensationFailed
 
         for o in self.outcomes:
-            if o.status in (CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT):
+            if o.status in STUCK_COMPENSATIONS:
                 raise CompensationFailed(o.node, [str(e) for e in o.errors])
 
     def summary(self) -> str:
         if not self.outcomes:
             return "nothing to compensate"
-        state = "NEEDS ATTENTION; " if self.needs_attention else ""
+        state = ("NEEDS ATTENTION; " if self.needs_attention
+                 else "WAITING TO RETRY; " if self.waiting else "")
         return state + "compensations: " + ", ".join(str(o) for o in self.outcomes)
 
     def __str__(self) -> str:

@@ -65,7 +65,8 @@ CREATE INDEX IF NOT EXISTS sg_effects_undoes ON sg_effects (provider, undoes);
 """
 # Columns added since the first release, added to a file made before them.
 _ADDED_COLUMNS = (("sg_runs", "turn", "INTEGER NOT NULL DEFAULT 1"),
-                  ("sg_steps", "turn", "INTEGER NOT NULL DEFAULT 1"))
+                  ("sg_steps", "turn", "INTEGER NOT NULL DEFAULT 1"),
+                  ("sg_compensations", "retry_at", "REAL"))
 _EFFECT_COLUMNS = ("run_id, step_id, node, provider, kind, external_id, amount, currency, "
                    "idempotency_key, undoes, status, recorded_at")
 
@@ -259,15 +260,16 @@ class SqliteJournal:
         return next(c for c in self.compensations(record.run_id) if c.step_id == record.step_id)
 
     def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
-                             status: CompensationStatus) -> None:
+                             status: CompensationStatus, *, retry_at: float | None = None
+                             ) -> None:
         with self._tx() as db:
             db.execute("INSERT INTO sg_attempts (run_id, step_id, number, started_at,"
                        " finished_at, ok, result, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (run_id, step_id, attempt.number, attempt.started_at,
                         attempt.finished_at, attempt.ok, attempt.result,
                         _dumps(attempt.error and attempt.error.to_dict())))
-            db.execute("UPDATE sg_compensations SET status = ? WHERE run_id = ? AND"
-                       " step_id = ?", (status.value, run_id, step_id))
+            db.execute("UPDATE sg_compensations SET status = ?, retry_at = ? WHERE run_id = ?"
+                       " AND step_id = ?", (status.value, retry_at, run_id, step_id))
 
     def compensations(self, run_id: str) -> list[CompensationRecord]:
         db = self._db()
@@ -277,10 +279,11 @@ class SqliteJournal:
                             (run_id,)):
             attempts.setdefault(r[0], []).append(
                 AttemptRecord(r[1], r[2], r[3], bool(r[4]), r[5], _error(r[6])))
-        rows = db.execute("SELECT step_id, node, idempotency_key, status, triggered_by FROM"
-                          " sg_compensations WHERE run_id = ?", (run_id,)).fetchall()
+        rows = db.execute("SELECT step_id, node, idempotency_key, status, triggered_by,"
+                          " retry_at FROM sg_compensations WHERE run_id = ?",
+                          (run_id,)).fetchall()
         return [CompensationRecord(run_id, r[0], r[1], r[2], CompensationStatus(r[3]), r[4],
-                                   attempts.get(r[0], [])) for r in rows]
+                                   attempts.get(r[0], []), r[5]) for r in rows]
 
     # -- approvals --------------------------------------------------------------------------
     def approval_request(self, record: ApprovalRecord) -> ApprovalRecord:

@@ -24,6 +24,7 @@ from stateguard.journal import Journal, turn_steps
 from stateguard.records import (
     DONE_COMPENSATIONS,
     EFFECT_STATUSES,
+    STUCK_COMPENSATIONS,
     AttemptRecord,
     CompensationRecord,
     CompensationStatus,
@@ -43,7 +44,7 @@ from stateguard.tool_calls import tool_call_of
 class Cause:
     """Why the run is being unwound; becomes part of every ``ExceptionContext``."""
 
-    reason: str  # "error", "invariant", "rejected", "operator", "crash"
+    reason: str  # "error", "invariant", "rejected", "operator", "crash", "retry"
     failed_node: str | None = None
     error: ErrorInfo | None = None
     invariant: InvariantInfo | None = None
@@ -102,6 +103,7 @@ class _Attempting:
     attempts: list[AttemptRecord]
     tries: int = 0
     status: CompensationStatus = CompensationStatus.RUNNING
+    retry_at: float | None = None  # waiting: when its next round is due
 
 
 class _Unwinder:
@@ -141,7 +143,7 @@ class _Unwinder:
                 self.check()
                 state = self._state_for(item.step)
                 yield attempt, self._context(attempt, state), state
-            self._finish(item.step, attempt.status, attempt.attempts)
+            self._finish(item.step, attempt.status, attempt.attempts, attempt.retry_at)
 
     def _keep(self, item: _Planned, record: CompensationRecord | None) -> None:
         """A step an unwind of one compensation leaves alone: its outcome stays what the
@@ -206,19 +208,28 @@ class _Unwinder:
                error: BaseException | None) -> float:
         """Journal the attempt before anything else happens; the seconds to wait before the
         next attempt (0 when this was the last one)."""
-        step = attempt.item.step
+        step, now = attempt.item.step, time.time()
         attempt.tries += 1
-        last = attempt.tries >= attempt.retry.attempts
         if error is None:
             attempt.status = (CompensationStatus.SUCCEEDED if result
                               else CompensationStatus.NOTHING_TO_UNDO)
-        elif last:
-            attempt.status = CompensationStatus.FAILED
+        elif attempt.retry.is_permanent(error):
+            attempt.status = CompensationStatus.FAILED  # no attempt, now or later, would help
+        elif attempt.tries >= attempt.retry.attempts:
+            later = attempt.retry.later
+            first = attempt.attempts[0].started_at if attempt.attempts else started
+            attempt.retry_at = later.retry_at(first, now) if later is not None else None
+            attempt.status = (CompensationStatus.FAILED if attempt.retry_at is None
+                              else CompensationStatus.WAITING)
         info = (ErrorInfo.from_exception(error, known=self.cause.exception)
                 if error is not None else None)
-        done = AttemptRecord(len(attempt.attempts) + 1, started, time.time(), error is None,
+        done = AttemptRecord(len(attempt.attempts) + 1, started, now, error is None,
                              result=repr(result)[:200] if error is None else "", error=info)
-        self.journal.compensation_attempt(self.run_id, step.step_id, done, attempt.status)
+        if attempt.retry_at is None:
+            self.journal.compensation_attempt(self.run_id, step.step_id, done, attempt.status)
+        else:  # a keyword journals without durable waits do not take
+            self.journal.compensation_attempt(self.run_id, step.step_id, done, attempt.status,
+                                              retry_at=attempt.retry_at)
         attempt.attempts.append(done)
         emit(self.on_event, Event("compensation.attempt", self.run_id, step.node, step.step_id,
                                   {"attempt": done.number, "ok": error is None,
@@ -228,19 +239,25 @@ class _Unwinder:
         return attempt.retry.delay(attempt.tries)
 
     def _finish(self, step: StepRecord, status: CompensationStatus,
-                attempts: list[AttemptRecord]) -> None:
+                attempts: list[AttemptRecord], retry_at: float | None = None) -> None:
         errors = tuple(a.error for a in attempts if a.error is not None)
         self.outcomes.append(CompensationOutcome(step.node, step.step_id, status,
-                                                 len(attempts), errors))
-        kind: EventType = "compensation.failed" if status in (
-            CompensationStatus.FAILED, CompensationStatus.SKIPPED_IN_DOUBT
-        ) else "compensation.succeeded"
-        emit(self.on_event, Event(kind, self.run_id, step.node, step.step_id,
-                                  {"status": str(status), "attempts": len(attempts)}))
+                                                 len(attempts), errors, retry_at))
+        kind: EventType = (
+            "compensation.failed" if status in STUCK_COMPENSATIONS
+            else "compensation.waiting" if status == CompensationStatus.WAITING
+            else "compensation.succeeded")
+        data: dict[str, Any] = {"status": str(status), "attempts": len(attempts)}
+        if retry_at is not None:
+            data["retry_at"] = retry_at
+        emit(self.on_event, Event(kind, self.run_id, step.node, step.step_id, data))
 
     def report(self) -> UnwindReport:
+        """End the unwind: the run needs attention (a compensation failed for good), stays
+        compensating (one waits to be tried again), or is compensated."""
         result = UnwindReport(self.run_id, self.cause.reason, tuple(self.outcomes))
-        status = RunStatus.NEEDS_ATTENTION if result.needs_attention else RunStatus.COMPENSATED
+        status = (RunStatus.NEEDS_ATTENTION if result.needs_attention
+                  else RunStatus.COMPENSATING if result.waiting else RunStatus.COMPENSATED)
         self.journal.run_set_status(self.run_id, status, self.cause.error)
         emit(self.on_event, Event("run.status", self.run_id, data={"status": str(status)}))
         return result

@@ -13,8 +13,8 @@ EXPECTED = {
     "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "record_effect",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
-    "RunLocked", "RunNotFound", "RunStatus", "RunView", "SagaAborted", "SqliteJournal",
-    "StateGuardCheckpointer", "StateGuardError", "StepStatus",
+    "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView", "SagaAborted",
+    "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepStatus",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 

@@ -80,6 +80,20 @@ def test_it_keeps_one_compensation_record_per_step_with_every_attempt(journal: J
     assert [(a.number, a.ok) for a in comp.attempts] == [(1, False), (2, True)]
 
 
+def test_it_keeps_when_a_waiting_compensation_is_tried_again(journal: Journal) -> None:
+    journal.run_begin("r")
+    journal.step_start("r", "t1", "charge")
+    journal.compensation_begin(CompensationRecord("r", "t1", "charge", "sg-key"))
+    journal.compensation_attempt("r", "t1", AttemptRecord(1, 1.0, 2.0, False),
+                                 CompensationStatus.WAITING, retry_at=32.5)
+    assert [(c.status, c.retry_at) for c in journal.compensations("r")] == [
+        (CompensationStatus.WAITING, 32.5)]
+    journal.compensation_attempt("r", "t1", AttemptRecord(2, 33.0, 34.0, True, "True"),
+                                 CompensationStatus.SUCCEEDED)
+    assert [(c.status, c.retry_at) for c in journal.compensations("r")] == [
+        (CompensationStatus.SUCCEEDED, None)]
+
+
 def test_it_decides_an_approval_once(journal: Journal) -> None:
     journal.run_begin("r")
     journal.approval_request(ApprovalRecord("r", "t1", "charge", payload={"amount": 5}))
