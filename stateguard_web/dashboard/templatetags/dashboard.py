@@ -211,14 +211,9 @@ def gate_tool(payload: Any) -> str:
 
 
 @register.filter
-def error_text(error: Any) -> str:
-    """An error the journal keeps (``{"type", "message", "traceback"}``), raw, in one line."""
-    return errors.raw(error)
-
-
-@register.filter
 def error_summary(error: Any) -> str:
-    """The same error in plain words ("Stripe unreachable (connection refused)")."""
+    """An error the journal keeps (``{"type", "message", "traceback"}``) in plain words, in
+    one line ("Stripe unreachable (connection refused)")."""
     return errors.summary(error)
 
 

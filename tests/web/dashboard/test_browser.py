@@ -13,8 +13,6 @@ script, or a request of the page answered 404 (``browser``, a watched Chromium).
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,77 +27,15 @@ from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run,
 from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.test_end_to_end import Server, stack  # noqa: F401  (stack: a fixture)
 from tests.web.api.world import make_user
-from tests.web.conftest import ROOT, Workers, wait_for
+from tests.web.conftest import Workers, wait_for
+from tests.web.dashboard.conftest import ARTIFACTS
 from tests.web.stripe_relay import StripeRelay
 from tests.web.test_workers import next_nodes
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
-ARTIFACTS = Path(os.environ.get("STATEGUARD_ARTIFACTS") or ROOT / "var" / "test-artifacts") \
-    / "dashboard"
-# Debian's Chromium, told not to call out to the network (notes/stack-findings.md, section 6).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run",
-                 "--disable-quic"]
 PASSWORD = "correct horse battery staple"
 WIDE, PHONE = {"width": 1280, "height": 900}, {"width": 390, "height": 844}
-
-
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium")
-    if executable is None:
-        pytest.fail("Debian's chromium is missing: apt-get install -y chromium (.ci/run does)")
-    # Playwright's sync API runs an event loop in this thread: Django's ORM, used here to make
-    # users and submit runs, would take it for async code (notes/stack-findings.md, gotcha 7).
-    saved = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    try:
-        with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(executable_path=executable, headless=True,
-                                                  args=CHROMIUM_ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if saved is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = saved
-
-
-class Watched:
-    """Chromium, whose every context reports what must not happen on a page: a violation of
-    the Content-Security-Policy (Chromium says so on the console), an error the page's script
-    throws, a request of its answered 404 (a missing script or stylesheet, say)."""
-
-    def __init__(self, chromium: Any) -> None:
-        self.chromium = chromium
-        self.problems: list[str] = []
-
-    def new_context(self, **options: Any) -> Any:
-        context = self.chromium.new_context(**options)
-        context.on("console", self._console)
-        context.on("weberror", lambda error: self.problems.append(f"script error: {error.error}"))
-        context.on("response", self._response)
-        return context
-
-    def _console(self, message: Any) -> None:
-        if "Content Security Policy" in message.text:
-            self.problems.append(f"CSP violation on {message.page.url}: {message.text}")
-
-    def _response(self, response: Any) -> None:
-        if response.status == 404:
-            self.problems.append(f"404: {response.url}")
-
-
-@pytest.fixture
-def browser(chromium: Any) -> Iterator[Watched]:
-    watched = Watched(chromium)
-    yield watched
-    assert not watched.problems, "\n".join(watched.problems)
 
 
 @pytest.fixture

@@ -13,11 +13,10 @@ from django.utils import timezone
 from stateguard_web.sagas.models import Run
 from tests.web.api.world import make_user
 from tests.web.conftest import Server
-from tests.web.dashboard.test_browser import (  # noqa: F401  (browser: a fixture)
+from tests.web.dashboard.test_browser import (
     PASSWORD,
     PHONE,
     WIDE,
-    browser,
     live,
     log_in,
     shot,
@@ -37,7 +36,7 @@ CLOSE_CODE = """async ([path, frame]) => await new Promise((resolve) => {
 
 
 def test_an_operator_sees_bidi_controls_as_markers_in_the_list_and_the_run(
-        daphne: Server, browser: Any) -> None:  # noqa: F811
+        daphne: Server, browser: Any) -> None:
     make_user("olivia", "operator", password=PASSWORD)
     mallory = make_user(f"mallory{RLO}", "submitter")
     spoofed = Run.objects.create(
@@ -62,7 +61,7 @@ def test_an_operator_sees_bidi_controls_as_markers_in_the_list_and_the_run(
     page.click(f"#run-{spoofed.code} a.run-link")
     page.wait_for_url(f"**/runs/{spoofed.code}/")
     live(page)
-    error = page.locator(".error-text").first.inner_text()
+    error = page.locator(".error-summary").first.inner_text()
     assert error == "BookingFailed: no room: refund U+202Eexe.lluf-ni-diap"
     assert RLO not in page.locator("main").inner_text()
     shot(page, "22-hidden-characters-run")

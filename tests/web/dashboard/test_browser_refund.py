@@ -21,11 +21,10 @@ from stateguard_web.sagas.models import AuditEvent, Run
 from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.test_end_to_end import Server
 from tests.web.conftest import Workers
-from tests.web.dashboard.test_browser import (  # noqa: F401  (browser, people: fixtures)
-    ARTIFACTS,
+from tests.web.dashboard.conftest import ARTIFACTS
+from tests.web.dashboard.test_browser import (  # noqa: F401  (people: a fixture)
     PHONE,
     WIDE,
-    browser,
     log_in,
     operator_page,
     people,
@@ -73,7 +72,7 @@ def confirm(page: Any, amount: str, reason: str) -> None:
 
 
 def test_it_lets_an_operator_refund_a_charge_from_the_run_page(
-        stack: tuple[Server, StripeProxy], workers: Workers, browser: Any,  # noqa: F811
+        stack: tuple[Server, StripeProxy], workers: Workers, browser: Any,
         people: dict[str, Any], publisher: None,  # noqa: F811
         stripe_client: stripe.StripeClient) -> None:
     server, proxy = stack
