@@ -2,6 +2,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.install.stamp
+# Every dependency, direct or not, at the version the tests passed with (make lock refreshes it).
+LOCK   := constraints.txt
 
 # Prefer python3.11 for the venv unless PYTHON is given (make PYTHON=python3.12 venv).
 ifeq ($(origin PYTHON),file)
@@ -10,15 +12,23 @@ else
 PY := $(PYTHON)
 endif
 
-.PHONY: venv test lint typecheck run demo bench clean
+.PHONY: venv test lint typecheck run demo bench clean lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[dev]'  # dev: the web app, the local stack, tests, lint
+	# dev: the web app, the local stack, tests, lint; at the locked versions
+	$(BIN)/python -m pip install -c $(LOCK) -e '.[dev]'
 	touch $(STAMP)
+
+# After changing a dependency in pyproject.toml: resolve every extra again, for every platform.
+lock:
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 --universal \
+		--custom-compile-command "make lock" -o $(LOCK)
 
 lint: venv
 	$(BIN)/ruff check .

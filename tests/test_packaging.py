@@ -95,8 +95,10 @@ def test_it_installs_the_library_alone_and_runs_the_readme_snippet(tmp_path: Pat
     assert build.returncode == 0, build.stdout + build.stderr
     [wheel] = dist.glob("stateguard-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        top_level = {name.split("/")[0] for name in archive.namelist()}
+        names = archive.namelist()
+    top_level = {name.split("/")[0] for name in names}
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"stateguard"}
+    assert "stateguard/py.typed" in names  # typed, for its users' type checkers (PEP 561)
 
     install = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
