@@ -121,7 +121,8 @@ class BatchTests(TestCase):
             (self.parked.code, "skipped",
              f"run {self.parked.code} has no failed compensation to retry"),
             (self.f1.code, "skipped", f"run {self.f1.code} is failed; only a run that needs "
-                                      "attention has a failed compensation to retry")]
+                                      "attention, or whose compensation waits, has one to "
+                                      "retry")]
         self.stuck.refresh_from_db()
         assert self.stuck.request["action"] == "compensate"  # retries every failed one
 
