@@ -21,8 +21,12 @@ os.environ["DATABASE_URL"] = (
 )
 
 # Celery's broker and the channel layer: the local Redis server (a database of its own), never
-# the embedded one `make run` starts.
-os.environ["REDIS_URL"] = os.environ.get("STATEGUARD_TEST_REDIS_URL") or "redis://127.0.0.1:6379/15"
+# the embedded one `make run` starts. Under pytest-xdist each worker (gw0, gw1...) has its own
+# database, counted down from 15, as pytest-django gives each its own test database: a test that
+# empties its queue (FLUSHDB) never empties another worker's.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+os.environ["REDIS_URL"] = (os.environ.get("STATEGUARD_TEST_REDIS_URL")
+                           or f"redis://127.0.0.1:6379/{15 - _WORKER}")
 os.environ.pop("CELERY_BROKER_URL", None)
 
 # No file of variables: the .env that `make run` writes (DEBUG=true, localstripe's address, ...)

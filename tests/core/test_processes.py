@@ -11,7 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stateguard import SqliteJournal
+
+pytestmark = pytest.mark.slow  # real processes, killed: not in make check
 
 ROOT = Path(__file__).resolve().parents[2]
 

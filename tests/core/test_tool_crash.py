@@ -8,7 +8,11 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.core.test_processes import effects, run, start
+
+pytestmark = pytest.mark.slow  # real processes, killed: not in make check
 
 TOOL_PROCS = "tests.core.tool_procs"
 

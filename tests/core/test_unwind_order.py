@@ -99,6 +99,7 @@ class JitteryPostgresSaver(Jitter, PostgresSaver):
     pass
 
 
+@pytest.mark.slow  # other processes load every core
 def test_it_undoes_a_loops_charges_newest_first_under_cpu_load(cpu_load: None) -> None:
     undone: list[str] = []
     guard = StateGuardCheckpointer(JitterySaver(),
@@ -154,6 +155,7 @@ def hammer(saver: Any, journal: Any, prefix: str, rounds: int = ROUNDS) -> list[
             if order != ["ch3", "ch2", "ch1"]]
 
 
+@pytest.mark.slow  # 20 threads x 10 rounds
 def test_it_keeps_the_order_for_20_threads_through_one_guard_on_sqlite(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
     try:
@@ -163,6 +165,7 @@ def test_it_keeps_the_order_for_20_threads_through_one_guard_on_sqlite(tmp_path:
         conn.close()
 
 
+@pytest.mark.slow  # 20 threads x 30 rounds
 def test_it_keeps_the_order_for_20_threads_through_one_guard_on_postgres(
         pg_dsn: str) -> None:  # noqa: F811
     with ConnectionPool(pg_dsn, min_size=4, max_size=THREADS,
