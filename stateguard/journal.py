@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from stateguard.effects import EffectRecord, settled_status
+from stateguard.lifecycle import FINISHED, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -148,8 +149,6 @@ def turn_steps(journal: Journal, run_id: str, run: RunRecord | None = None) -> l
     return [s for s in steps if s.turn == turn]
 
 
-# Runs in these statuses owe nothing to anyone: InMemoryJournal may forget the oldest of them.
-_FINISHED = frozenset({RunStatus.SUCCEEDED, RunStatus.COMPENSATED})
 
 
 class InMemoryJournal:
@@ -200,7 +199,10 @@ class InMemoryJournal:
     def run_set_status(self, run_id: str, status: RunStatus,
                        error: ErrorInfo | None = None) -> None:
         with self._lock:
-            run = self._runs.setdefault(run_id, RunRecord(run_id))
+            run = self._runs.get(run_id)
+            if run is None:
+                run = self._runs[run_id] = RunRecord(run_id, status)
+            check_change(run.status, status, run=run_id)
             run.status = status
             if error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED):
                 run.error = error
@@ -210,7 +212,7 @@ class InMemoryJournal:
     def _note_status(self, run_id: str, status: RunStatus) -> None:
         """Keep the finished runs in the order they finished, and forget the oldest beyond
         the cap. Called with the lock held."""
-        if status not in _FINISHED:
+        if status not in FINISHED:  # a finished run owes nothing: the oldest may be forgotten
             self._finished.pop(run_id, None)
             return
         self._compact(run_id)
@@ -246,6 +248,7 @@ class InMemoryJournal:
     def run_next_turn(self, run_id: str) -> RunRecord:
         with self._lock:
             run = self._runs.setdefault(run_id, RunRecord(run_id))
+            check_change(run.status, RunStatus.RUNNING, run=run_id)
             run.turn += 1
             run.status, run.error, run.updated_at = RunStatus.RUNNING, None, time.time()
             self._note_status(run_id, run.status)

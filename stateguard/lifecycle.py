@@ -31,8 +31,8 @@ from enum import StrEnum
 from stateguard.exceptions import InvalidRunState
 from stateguard.records import RunStatus
 
-__all__ = ["LIVE", "NEXT_TURN", "REQUESTS", "SETTLED", "TRANSITIONS", "Action", "Transition",
-           "allowed", "check", "refusal"]
+__all__ = ["CHANGES", "FINISHED", "LIVE", "NEXT_TURN", "REQUESTS", "SETTLED", "TRANSITIONS",
+           "Action", "Transition", "allowed", "check", "check_change", "refusal"]
 
 S = RunStatus
 
@@ -80,10 +80,38 @@ SETTLED = frozenset({S.SUCCEEDED, S.COMPENSATED, S.NEEDS_ATTENTION, S.FAILED, S.
 LIVE = TRANSITIONS[Action.RECOVER].sources
 
 
+# Statuses of a run that owes nothing to anyone: finished.
+FINISHED = frozenset({S.SUCCEEDED, S.COMPENSATED})
 # Statuses after which a thread's next invoke starts a new turn: a saga of its own (with a
 # journal that keeps turns apart). A failed, paused or needs-attention run is continued
 # (retry, approve, compensate, resolve) instead.
-NEXT_TURN = frozenset({S.SUCCEEDED, S.COMPENSATED})
+NEXT_TURN = FINISHED
+
+# Every change of status a run may make, whoever makes it: the actions above, and what happens
+# while a worker holds the run (it pauses, fails, succeeds, unwinds), and the web app's own
+# (a run its worker let go of before it began is queued again; a run of an agent the
+# deployment does not offer is parked for a person). Staying in a status is no change. Every
+# journal refuses any other (``check_change``): a status written by mistake would hide a run
+# from the worker, or the operator, it needs.
+CHANGES: dict[RunStatus, frozenset[RunStatus]] = {
+    S.PENDING: frozenset({S.RUNNING, S.NEEDS_ATTENTION}),
+    S.RUNNING: frozenset({S.PAUSED, S.FAILED, S.SUCCEEDED, S.COMPENSATING, S.PENDING,
+                          S.NEEDS_ATTENTION}),
+    S.PAUSED: frozenset({S.RUNNING, S.COMPENSATING}),
+    S.FAILED: frozenset({S.RUNNING, S.COMPENSATING}),
+    S.SUCCEEDED: frozenset({S.COMPENSATING, S.RUNNING}),  # compensated, or its next turn
+    S.COMPENSATING: frozenset({S.COMPENSATED, S.NEEDS_ATTENTION}),
+    S.NEEDS_ATTENTION: frozenset({S.COMPENSATING, S.COMPENSATED}),  # again, or by hand
+    S.COMPENSATED: frozenset({S.RUNNING}),  # its next turn
+}
+
+
+def check_change(old: RunStatus | str, new: RunStatus | str, *, run: str = "") -> None:
+    """Raise ``InvalidRunState`` unless a run may go from ``old`` to ``new``."""
+    old, new = RunStatus(old), RunStatus(new)
+    if new != old and new not in CHANGES[old]:
+        name = f"run {run} " if run else "a run "
+        raise InvalidRunState(f"{name}cannot go from {old} to {new}")
 
 
 # What an operator asks of a worker; one such request at a time per run.

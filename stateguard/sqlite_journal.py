@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stateguard.effects import Effect, EffectRecord, EffectStatus, settled_status
+from stateguard.lifecycle import check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -165,6 +166,9 @@ class SqliteJournal:
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
                        " VALUES (?, ?, ?, ?)", (run_id, status.value, now, now))
+            (old,) = db.execute("SELECT status FROM sg_runs WHERE run_id = ?",
+                                (run_id,)).fetchone()
+            check_change(old, status, run=run_id)
             db.execute("UPDATE sg_runs SET status = ?, updated_at = ?,"
                        " error = CASE WHEN ? THEN error ELSE ? END WHERE run_id = ?",
                        (status.value, now, keep_error, _dumps(error and error.to_dict()),
@@ -175,6 +179,9 @@ class SqliteJournal:
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
                        " VALUES (?, ?, ?, ?)", (run_id, RunStatus.RUNNING.value, now, now))
+            (old,) = db.execute("SELECT status FROM sg_runs WHERE run_id = ?",
+                                (run_id,)).fetchone()
+            check_change(old, RunStatus.RUNNING, run=run_id)
             db.execute("UPDATE sg_runs SET turn = turn + 1, status = ?, error = NULL,"
                        " updated_at = ? WHERE run_id = ?", (RunStatus.RUNNING.value, now, run_id))
         run = self.run_get(run_id)

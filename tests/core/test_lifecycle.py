@@ -9,12 +9,23 @@ import pytest
 
 from stateguard import (
     ApprovalStatus,
+    InMemoryJournal,
     InvalidRunState,
+    Journal,
     RunStatus,
     SagaAborted,
+    SqliteJournal,
     StateGuardCheckpointer,
 )
-from stateguard.lifecycle import TRANSITIONS, Action, allowed, check, refusal
+from stateguard.lifecycle import (
+    CHANGES,
+    TRANSITIONS,
+    Action,
+    allowed,
+    check,
+    check_change,
+    refusal,
+)
 from tests.core.support import FAST_RETRY, config, line_builder, undo
 
 
@@ -30,6 +41,32 @@ def test_it_names_every_status_in_some_transition() -> None:
     reachable = {t.target for t in TRANSITIONS.values()} | {
         s for t in TRANSITIONS.values() for s in t.sources}
     assert set(RunStatus) <= reachable
+
+
+def test_it_allows_the_change_each_action_makes_from_each_of_its_statuses() -> None:
+    for action, transition in TRANSITIONS.items():
+        for source in transition.sources:
+            if transition.target is not None:
+                check_change(source, transition.target)  # raises if the table forgot it
+        assert action in allowed(next(iter(transition.sources)))
+    assert set(CHANGES) == set(RunStatus)
+
+
+@pytest.mark.parametrize("make", [lambda tmp: InMemoryJournal(),
+                                  lambda tmp: SqliteJournal(tmp / "j.db")],
+                         ids=["in-memory", "sqlite"])
+def test_each_journal_refuses_a_change_of_status_the_table_does_not_allow(
+        make: Any, tmp_path: Path) -> None:
+    journal: Journal = make(tmp_path)
+    journal.run_begin("r")
+    journal.run_set_status("r", RunStatus.SUCCEEDED)
+    with pytest.raises(InvalidRunState, match="cannot go from succeeded to paused"):
+        journal.run_set_status("r", RunStatus.PAUSED)
+    journal.run_set_status("r", RunStatus.COMPENSATING)
+    journal.run_set_status("r", RunStatus.COMPENSATED)
+    with pytest.raises(InvalidRunState, match="from compensated to failed"):
+        journal.run_set_status("r", RunStatus.FAILED)
+    assert journal.run_get("r").status == RunStatus.COMPENSATED  # type: ignore[union-attr]
 
 
 def test_it_holds_back_other_requests_while_one_waits_for_a_worker() -> None:
