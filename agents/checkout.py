@@ -30,7 +30,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 
 from agents.registry import run_id
-from stateguard import Compensation, Effect, ExceptionContext, record_effect
+from stateguard import Compensation, CompensationRetry, Effect, ExceptionContext, record_effect
 
 
 class CheckoutState(TypedDict, total=False):
@@ -66,6 +66,22 @@ def checkout_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
     if isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError, stripe.APIError)):
         return "hold"
     return "compensate"
+
+
+def stripe_refused(exc: BaseException) -> bool:
+    """Whether Stripe refused a request for good: a 4xx (a charge it does not know, a key it
+    does not accept), which no later attempt would change. Not a 409 (a request with the same
+    idempotency key was in flight) nor a rate limit (a 429, or the older 400 the SDK reads as
+    one): those pass, as do a 5xx and an error with no answer at all (Stripe out of reach)."""
+    status = getattr(exc, "http_status", None)
+    return (isinstance(exc, stripe.StripeError) and not isinstance(exc, stripe.RateLimitError)
+            and isinstance(status, int) and 400 <= status < 500 and status != 409)
+
+
+# How a Stripe refund is retried: the core's attempts, and none more once Stripe refused it
+# (the run needs a person at once). How long it waits out an outage after its attempts is the
+# deployment's (the web app's STATEGUARD_COMPENSATION_RETRY_LATER_*).
+REFUND_RETRY = CompensationRetry(permanent=stripe_refused)
 
 
 RUN_KEY, STEP_KEY = "stateguard_run", "stateguard_step"
@@ -203,7 +219,7 @@ def refund_compensation(client: stripe.StripeClient) -> Compensation:
         _record_refund(refund, intent, key)
         return f"refunded {refund.id}: {refund.amount} {refund.currency}"
 
-    return Compensation(refund_stripe_charge, in_doubt_safe=True)
+    return Compensation(refund_stripe_charge, retry=REFUND_RETRY, in_doubt_safe=True)
 
 
 def checkout_guard_kwargs(client: stripe.StripeClient) -> dict[str, Any]:

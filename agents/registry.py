@@ -3,8 +3,9 @@
 An ``AgentSpec`` says everything the web app needs to run an agent as a saga: how to build its
 graph, its invariants, compensations and approval gates, the schema its input must satisfy, what
 a node's error does (``on_error``: unwind the run, hold it ``failed`` for an operator to retry, or
-a function that decides per error) and what to do with a run whose worker died (``on_crash``:
-unwind it, or resume it when every node is idempotent).
+a function that decides per error), what to do with a run whose worker died (``on_crash``:
+unwind it, or resume it when every node is idempotent) and how its compensations are retried
+(``compensation_retry``; a ``Compensation(retry=...)`` of its own wins for that one).
 
 Agents are plain Python below the web app: they never import Django. What they need from the
 deployment (keys, addresses, folders) reaches them as an ``AgentSettings`` passed to their
@@ -14,7 +15,7 @@ factory: ``registry.get("checkout", AgentSettings(...))``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,7 +23,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import StateGraph
 from pydantic import BaseModel, ConfigDict
 
-from stateguard import ConfigurationError
+from stateguard import Compensation, CompensationRetry, ConfigurationError, RetryLater
 
 # What a node's error does to a run (``StateGuardCheckpointer(on_error=...)``; the core does
 # not export its alias): unwind it, hold it for an operator, or ask a function per error.
@@ -60,6 +61,7 @@ class AgentSpec:
     approvals: Mapping[str, Any] | tuple[str, ...] = ()
     on_error: OnError = "compensate"
     on_crash: Literal["unwind", "resume"] = "unwind"
+    compensation_retry: CompensationRetry | None = None  # None: the core's default
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -69,9 +71,20 @@ class AgentSpec:
                 f"agent {self.name!r}: its input_schema {self.input_schema.__name__} must be "
                 "strict and forbid unknown fields: subclass agents.registry.AgentInput")
 
-    def guard_kwargs(self) -> dict[str, Any]:
-        return {"invariants": list(self.invariants), "compensations": dict(self.compensations),
-                "approvals": self.approvals or None, "on_error": self.on_error}
+    def guard_kwargs(self, *, later: RetryLater | None = None) -> dict[str, Any]:
+        """What to give a ``StateGuardCheckpointer`` for this agent. ``later`` is the
+        deployment's durable wait: given to the agent's retry policy and to each
+        compensation's own, unless that policy sets its ``later`` itself."""
+        def patient(retry: CompensationRetry) -> CompensationRetry:
+            return retry if later is None or retry.later is not None else replace(
+                retry, later=later)
+
+        compensations = {key: replace(c, retry=patient(c.retry))
+                         if isinstance(c, Compensation) and c.retry is not None else c
+                         for key, c in self.compensations.items()}
+        return {"invariants": list(self.invariants), "compensations": compensations,
+                "approvals": self.approvals or None, "on_error": self.on_error,
+                "compensation_retry": patient(self.compensation_retry or CompensationRetry())}
 
 
 Factory = Callable[[AgentSettings], AgentSpec]

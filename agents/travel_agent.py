@@ -10,9 +10,11 @@ from langgraph.prebuilt import create_react_agent
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
 
+from agents.checkout import REFUND_RETRY
 from agents.checkout_agent import stripe_client
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from agents.travel import Travel, TravelState, chat_model, prompt, total_charged_within_amount
+from stateguard import Compensation
 
 
 class TravelInput(AgentInput):
@@ -38,7 +40,8 @@ def spec(settings: AgentSettings) -> AgentSpec:
     return AgentSpec(
         name="travel", build=build, input_schema=TravelInput,
         invariants=(total_charged_within_amount,),
-        compensations={"charge_card": travel.refund, "reserve_hotel": travel.cancel,
+        compensations={"charge_card": Compensation(travel.refund, retry=REFUND_RETRY),
+                       "reserve_hotel": travel.cancel,
                        "send_confirmation": travel.apologise},
         approvals={"charge_card": lambda args: int(args.get("amount", 0)) > 100_00},
         description="An AI agent: charge the card, hold a hotel room, e-mail the confirmation; "

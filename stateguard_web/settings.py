@@ -10,6 +10,7 @@ installed: SQLite under ``var/`` and the embedded Redis that ``make run`` starts
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -280,6 +281,36 @@ if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
 STATEGUARD_ON_CRASH = env.dict("STATEGUARD_ON_CRASH", default={})
 if _bad := {a: p for a, p in STATEGUARD_ON_CRASH.items() if p not in ("unwind", "resume")}:
     raise ImproperlyConfigured(f"STATEGUARD_ON_CRASH: {_bad} (each agent=unwind or agent=resume)")
+
+
+def _seconds(name: str, default: float) -> float:
+    """A number of seconds from the environment, or why it is not one (NaN is not one)."""
+    text = env.str(name, default=str(default))
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ImproperlyConfigured(f"{name} is {text!r}: it must be a number of seconds.")
+    return value
+
+
+# A compensation whose attempts in the worker are spent (a provider's outage) waits and is tried
+# again (stateguard.RetryLater): first after INITIAL seconds, then after as long as it has been
+# failing, at most CAP, until BUDGET seconds after its first attempt; only then does the run
+# need a person. Every agent's compensations get it unless the agent or the compensation sets
+# its own. BUDGET=0 turns waiting off: a compensation that keeps failing fails at once.
+STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL = _seconds(
+    "STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL", 30.0)
+STATEGUARD_COMPENSATION_RETRY_LATER_CAP = _seconds("STATEGUARD_COMPENSATION_RETRY_LATER_CAP",
+                                                   3600.0)
+STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET = _seconds(
+    "STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET", 86400.0)
+if not (0 < STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL <= STATEGUARD_COMPENSATION_RETRY_LATER_CAP
+        and STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET >= 0):
+    raise ImproperlyConfigured(
+        "STATEGUARD_COMPENSATION_RETRY_LATER_*: INITIAL must be above 0 and at most CAP, and "
+        "BUDGET at least 0 (0: no waiting).")
 STATEGUARD_SANDBOX_DIR = BASE_DIR / env.str("STATEGUARD_SANDBOX_DIR", default="var/sandbox")
 # The REST API refuses a request body larger than this (413), before reading it.
 STATEGUARD_API_MAX_BODY_BYTES = env.int("STATEGUARD_API_MAX_BODY_BYTES", default=1_048_576)

@@ -1,4 +1,4 @@
-"""/api/compensations: retry one compensation that failed (or was skipped in doubt)."""
+"""/api/compensations: retry one compensation that failed, was skipped in doubt, or waits."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ router = Router(tags=["compensations"])
 def retry_compensation(request: HttpRequest,
                        id: int = Path(..., ge=1, le=MAX_ID)) -> Status[dict[str, object]]:
     """Run it again with new attempts and the same idempotency key (a worker does); 409
-    unless it failed or was skipped in doubt, on a run that needs attention."""
+    unless it failed or was skipped in doubt (on a run that needs attention) or waits to be
+    tried again (on a compensating run: it is tried now instead)."""
     who = principal(request)
     access.check(who.user, Ability.OPERATE)
     compensation = selectors.compensation_get(pk=id)

@@ -228,6 +228,8 @@ class CompensationOut(Out):
     status: CompensationStatus
     triggered_by: str
     idempotency_key: str
+    retry_at: datetime | None = Field(description="a waiting compensation's next round of "
+                                                  "attempts; null in every other status")
     created_at: datetime
     updated_at: datetime
     attempts: list[AttemptOut]

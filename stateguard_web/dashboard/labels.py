@@ -59,6 +59,10 @@ LABELS: dict[str, dict[str, Label]] = {
                                   "Not run: the step was in doubt, and its compensation is "
                                   "not declared safe to run when the step's effect is "
                                   "unknown. A person checks."),
+        "waiting": Label("wait", "◷", "waiting to retry",
+                         "Its attempts failed for now (a provider out of reach, say). It is "
+                         "tried again on its own at the time shown, for as long as its retry "
+                         "budget lasts; only then does the run need a person."),
     },
     "approval": {
         "pending": Label("wait", "‖", "awaiting decision"),

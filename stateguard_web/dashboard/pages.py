@@ -171,6 +171,8 @@ IN_DOUBT_OUTCOME = {
     Compensation.Status.SKIPPED_IN_DOUBT: "Its compensation was not run, as it is not declared "
                                           "safe for a step whose effect is unknown: check by "
                                           "hand.",
+    Compensation.Status.WAITING: "Its compensation failed for now and is tried again later: "
+                                 "see Compensations below.",
 }
 
 
@@ -212,6 +214,14 @@ class RunPage:
     request: str | None = None
     can_operate: bool = False
     refundable: set[int] = field(default_factory=set)  # the ledger's charges to offer a refund
+    # A compensating run whose compensations wait: when the sweeper gives them their next round.
+    next_attempt: datetime | None = None
+
+    @property
+    def run_actions(self) -> set[str]:
+        """The actions on the whole run (the header's buttons; the others are per approval or
+        per compensation)."""
+        return self.actions & {Action.RETRY, Action.COMPENSATE, Action.RESOLVE}
 
 
 def run_page(*, run: Run, user: Any) -> RunPage:
@@ -237,12 +247,23 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         violation=violation,
         violation_state=violated[-1].state_after if violated else None,
         graph_svg=_graph(run, views, compensations, pending), actions=actions,
-        failed_step=failed_step, request=waiting, can_operate=can_operate)
+        failed_step=failed_step, request=waiting, can_operate=can_operate,
+        next_attempt=next_attempt(run, compensations))
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):
         page.refundable = {e.pk for e in page.effects if payments.refundable(e)}
     return page
+
+
+def next_attempt(run: Run, compensations: list[Compensation]) -> datetime | None:
+    """When the waiting compensations of a compensating run get their next round (the earliest
+    ``retry_at``). Not on a run in another status: a run that needs attention keeps its waiting
+    ones for the person who compensates it (nothing retries them on their own)."""
+    if run.status != Run.Status.COMPENSATING:
+        return None
+    return min((c.retry_at for c in compensations
+                if c.status == Compensation.Status.WAITING and c.retry_at), default=None)
 
 
 def undo_plan(run: Run, compensations: list[Compensation]) -> list[PlannedUndo]:

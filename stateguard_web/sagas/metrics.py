@@ -279,5 +279,5 @@ class JournalCollector(Collector):
                      ["agent", "node"], gauges["approvals"])
         yield _gauge("stateguard_compensations",
                      "Compensations now, by node and status (running, succeeded, "
-                     "nothing_to_undo, failed, skipped_in_doubt).", ["node", "status"],
+                     "nothing_to_undo, failed, skipped_in_doubt, waiting).", ["node", "status"],
                      gauges["compensations"])

@@ -173,6 +173,9 @@ class Compensation(models.Model):
     idempotency_key = models.CharField(max_length=100, unique=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.RUNNING)
     triggered_by = models.CharField(max_length=150, default="automatic")
+    # A waiting compensation's next round (its retry policy's RetryLater): the sweeper hands
+    # the run to recovery once it has come. NULL in every other status.
+    retry_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -181,6 +184,12 @@ class Compensation(models.Model):
         # One record per step (the OneToOne) holds every attempt, so a step can never have two
         # succeeded compensations: re-runs skip a record that already succeeded.
         constraints = [_status_check("sagas_compensation_status_valid", CompensationStatus)]
+        indexes = [
+            # The sweeper, every few seconds: the waiting compensations that are due, by time,
+            # without reading the compensations that finished (nearly all of them).
+            models.Index(fields=["retry_at"], name="sagas_compensation_waiting",
+                         condition=Q(status="waiting")),
+        ]
 
     def __str__(self) -> str:
         return f"undo {self.node} ({self.status})"

@@ -23,7 +23,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 
 from agents import registry
 from agents.registry import AgentSettings, AgentSpec
-from stateguard import StateGuardCheckpointer
+from stateguard import RetryLater, StateGuardCheckpointer
 from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
@@ -114,13 +114,24 @@ def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
     return _guard(agent)
 
 
+def retry_later() -> RetryLater | None:
+    """How long this deployment's compensations wait out an outage between rounds of attempts
+    (``STATEGUARD_COMPENSATION_RETRY_LATER_*``); ``None`` when waiting is off (budget 0)."""
+    if not settings.STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET:
+        return None
+    return RetryLater(initial=settings.STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL,
+                      cap=settings.STATEGUARD_COMPENSATION_RETRY_LATER_CAP,
+                      budget=settings.STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET)
+
+
 @cache
 def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
     spec = _spec(agent)
     guard = StateGuardCheckpointer(
         saver(), journal=journal(), on_event=publish,
         lease_ttl=settings.STATEGUARD_LEASE_SECONDS,
-        lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS, **spec.guard_kwargs())
+        lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS,
+        **spec.guard_kwargs(later=retry_later()))
     return guard, guard.compile(spec.build()), spec
 
 
@@ -128,7 +139,8 @@ def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
     if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
-                   "STATEGUARD_ON_CRASH"):
+                   "STATEGUARD_ON_CRASH") or setting.startswith(
+                       "STATEGUARD_COMPENSATION_RETRY_LATER_"):
         _guard.cache_clear()
         _spec.cache_clear()
 

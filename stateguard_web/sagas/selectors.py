@@ -102,14 +102,14 @@ _VIOLATION = re.compile(r"invariant (['\"])(?P<name>.*?)\1 violated[^:]*: (?P<me
 _STEP = ("node", "step_id", "status", "attempt", "started_at", "finished_at", "update", "error")
 _ATTEMPT = ("number", "ok", "started_at", "finished_at", "result", "error")
 _COMPENSATION = ("id", "node", "step_id", "status", "triggered_by", "idempotency_key",
-                 "created_at", "updated_at")
+                 "retry_at", "created_at", "updated_at")
 _EFFECT = ("provider", "kind", "external_id", "amount", "currency", "status", "undoes", "node",
            "recorded_at")
 _APPROVAL = ("id", "node", "step_id", "payload", "status", "decided_by", "reason",
              "requested_at", "decided_at")
 _AUDIT = ("created_at", "actor", "action", "data")
 _TIMES = frozenset({"started_at", "finished_at", "created_at", "updated_at", "recorded_at",
-                    "requested_at", "decided_at"})
+                    "requested_at", "decided_at", "retry_at"})
 
 
 def _history(run: Run | OuterRef, as_json: bool) -> dict[str, QuerySet[Any]]:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
+from stateguard.records import RETRYABLE_COMPENSATIONS
 from stateguard_web.sagas import events, runtime, submission, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
@@ -259,15 +260,15 @@ def run_compensate(*, run: Run, by: By, reason: str = "") -> Run:
 
 @transaction.atomic
 def compensation_retry(*, compensation: Compensation, by: By) -> Compensation:
-    """Run one failed (or skipped-in-doubt) compensation again: new attempts, same key."""
+    """Run one failed, skipped-in-doubt or waiting compensation again (a waiting one now
+    rather than at its time): new attempts, same key."""
     run = _locked(compensation.run)
     _allowed(Action.RETRY_COMPENSATION, run)
     compensation.refresh_from_db()
-    if compensation.status not in (Compensation.Status.FAILED,
-                                   Compensation.Status.SKIPPED_IN_DOUBT):
+    if compensation.status not in RETRYABLE_COMPENSATIONS:
         raise ActionNotAllowed(f"the compensation of {compensation.node!r} is "
-                               f"{compensation.status}; only a failed or skipped-in-doubt "
-                               "compensation is retried")
+                               f"{compensation.status}; only a failed, skipped-in-doubt or "
+                               "waiting compensation is retried")
     _request(run, by, Action.RETRY_COMPENSATION, step_id=compensation.step.step_id)
     _audit(run, by, "compensation.retry_requested", node=compensation.node,
            compensation=compensation.pk)

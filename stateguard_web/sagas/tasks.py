@@ -20,14 +20,14 @@ from typing import Any
 from celery import Task, shared_task
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, refusal
 from stateguard_web.sagas import events
 from stateguard_web.sagas.journal import LeaseLost
-from stateguard_web.sagas.models import AuditEvent, Run
+from stateguard_web.sagas.models import AuditEvent, Compensation, Run
 from stateguard_web.sagas.queueing import QueuedByOneLpush
 
 logger = logging.getLogger("stateguard.tasks")
@@ -183,6 +183,17 @@ def run_recover(run_pk: int) -> None:
     _with_guard(run_pk, recover)
 
 
+@shared_task(acks_late=True)
+def run_retry_compensations(run_pk: int) -> None:
+    """The next round of a compensating run's waiting compensations, now that it is due
+    (``RetryLater``; handed over by the sweeper): the core's recovery runs it, under the run's
+    lease, skipping what was undone. A duplicate delivery finds the round done (the run
+    compensated, or waiting for a later time) and does nothing."""
+    if not _due_compensations(timezone.now()).filter(run_id=run_pk).exists():
+        return
+    _with_guard(run_pk, lambda guard, graph, config, run: guard.recover(graph, config))
+
+
 def _abandoned(now: datetime) -> Q:
     """Runs whose worker stopped renewing its lease, or left the run live without one (an
     error escaped the guard) longer than a lease ago."""
@@ -208,13 +219,30 @@ def _requeue_if_never_started(run_pk: int) -> bool:
     return True
 
 
-def _due(runs: QuerySet[Run], now: datetime) -> list[int]:
-    """The runs of ``runs`` not handed to a worker within the last lease period, marked as
-    handed now. However long the queue takes to reach them, a run is queued once per lease
-    period at most (a sweep every few seconds would otherwise queue it again each time)."""
+def _due_compensations(now: datetime) -> QuerySet[Compensation]:
+    """Waiting compensations whose next round has come (the partial index
+    ``sagas_compensation_waiting``: the waiting few, by time)."""
+    return Compensation.objects.filter(status=Compensation.Status.WAITING, retry_at__lte=now)
+
+
+def _waiting_for_a_round(now: datetime) -> QuerySet[Run]:
+    """Compensating runs that no worker holds and whose waiting compensations are due, each
+    with ``due_at``, the latest due ``retry_at`` of its compensations."""
+    due = _due_compensations(now)
+    latest = due.filter(run=OuterRef("pk")).order_by("-retry_at").values("retry_at")[:1]
+    return Run.objects.filter(pk__in=due.values("run_id"), status=Run.Status.COMPENSATING,
+                              lease_owner="").annotate(due_at=Subquery(latest))
+
+
+def _due(runs: QuerySet[Run], now: datetime, *, again: Q | None = None) -> list[int]:
+    """The runs of ``runs`` not handed to a worker within the last lease period (or, with
+    ``again``, since what it says happened), marked as handed now. However long the queue takes
+    to reach them, a run is queued once per lease period at most (a sweep every few seconds
+    would otherwise queue it again each time)."""
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
+    fresh = Q(requeued_at__isnull=True) | Q(requeued_at__lt=now - lease)
     with transaction.atomic():
-        pks = list(runs.filter(Q(requeued_at__isnull=True) | Q(requeued_at__lt=now - lease))
+        pks = list(runs.filter((fresh | again) if again is not None else fresh)
                    .select_for_update(skip_locked=True).values_list("pk", flat=True))
         Run.objects.filter(pk__in=pks).update(requeued_at=now)
     return pks
@@ -223,16 +251,29 @@ def _due(runs: QuerySet[Run], now: datetime) -> list[int]:
 @shared_task(acks_late=True)
 def sweep_expired_leases() -> int:
     """Hand to another worker what no worker is doing: live runs whose worker stopped renewing
-    its lease (to recovery), runs submitted long ago that no worker claimed, and operators'
-    requests that no worker carried out (their messages were lost)."""
+    its lease (to recovery), compensating runs whose waiting compensations are due (to their
+    next round), runs submitted long ago that no worker claimed, and operators' requests that
+    no worker carried out (their messages were lost).
+
+    A compensating run that waits (its worker let go of it, a compensation ``waiting``) is not
+    abandoned: it is left alone until its time has come, however long ago it last changed. One
+    whose worker died in the middle of a round still holds that worker's lease: recovery's."""
     now = timezone.now()
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
     # Messages expire too, so that sweeps piling up while the workers are down do not leave
     # a burst of duplicates behind.
     expires = 5 * settings.STATEGUARD_SWEEP_SECONDS
-    dead = _due(Run.objects.filter(_abandoned(now), status__in=list(LIVE)), now)
+    waits = Exists(Compensation.objects.filter(run=OuterRef("pk"),
+                                               status=Compensation.Status.WAITING))
+    dead = _due(Run.objects.filter(_abandoned(now), status__in=list(LIVE))
+                .exclude(waits, lease_owner=""), now)
     for pk in dead:
         run_recover.apply_async((pk,), expires=expires)
+    # Once per retry_at come, whatever the lease period (a round may end, and its next one
+    # come, within one).
+    rounds = _due(_waiting_for_a_round(now), now, again=Q(requeued_at__lt=F("due_at")))
+    for pk in rounds:
+        run_retry_compensations.apply_async((pk,), expires=expires)
     lost = _due(Run.objects.filter(status=Run.Status.PENDING, created_at__lt=now - 6 * lease),
                 now)
     for pk in lost:
@@ -253,10 +294,10 @@ def sweep_expired_leases() -> int:
         batch_process.apply_async((pk,), expires=expires)
     if stalled:
         logger.info("sweep: %d batches handed to a worker again %s", len(stalled), stalled)
-    if dead or lost or undone:  # log what it found, not that it looked
-        logger.info("sweep: %d runs to recovery %s, %d lost runs queued again %s, %d operator "
-                    "requests queued again %s", len(dead), dead, len(lost), lost, len(undone),
-                    undone)
+    if dead or rounds or lost or undone:  # log what it found, not that it looked
+        logger.info("sweep: %d runs to recovery %s, %d runs to their compensations' next round "
+                    "%s, %d lost runs queued again %s, %d operator requests queued again %s",
+                    len(dead), dead, len(rounds), rounds, len(lost), lost, len(undone), undone)
     return len(dead)
 
 

@@ -9,7 +9,7 @@ from langgraph.graph import StateGraph
 from pydantic import BaseModel, ConfigDict
 
 from agents.registry import AgentInput, AgentSettings, AgentSpec
-from stateguard import ConfigurationError
+from stateguard import Compensation, CompensationRetry, ConfigurationError, RetryLater
 
 
 def test_it_keeps_the_stripe_key_out_of_the_settings_repr() -> None:
@@ -40,3 +40,35 @@ def test_it_refuses_an_agent_whose_input_schema_would_coerce_or_take_unknown_fie
         with pytest.raises(ConfigurationError, match=r"subclass agents\.registry\.AgentInput"):
             AgentSpec(name="shop", build=StateGraph, input_schema=schema)
     assert AgentSpec(name="shop", build=StateGraph, input_schema=Strict).input_schema is Strict
+
+
+class Order(AgentInput):
+    amount: int
+
+
+def test_it_gives_the_deployments_wait_to_each_retry_policy_that_sets_none() -> None:
+    deployment = RetryLater(initial=30, cap=3600, budget=86400)
+    own = RetryLater(initial=1, cap=2, budget=3)
+
+    def undo(state: object, ctx: object) -> bool:
+        return True
+
+    spec = AgentSpec(name="shop", build=StateGraph, input_schema=Order, compensations={
+        "plain": undo,  # the agent's policy: the guard's compensation_retry
+        "tuned": Compensation(undo, retry=CompensationRetry(attempts=2)),
+        "patient": Compensation(undo, retry=CompensationRetry(later=own), in_doubt_safe=True),
+    })
+
+    kwargs = spec.guard_kwargs(later=deployment)
+
+    comps = kwargs["compensations"]
+    assert kwargs["compensation_retry"].later is deployment and comps["plain"] is undo
+    assert (comps["tuned"].retry.attempts, comps["tuned"].retry.later) == (2, deployment)
+    assert (comps["patient"].retry.later, comps["patient"].in_doubt_safe) == (own, True)
+    agents_own = AgentSpec(name="shop", build=StateGraph, input_schema=Order,
+                           compensation_retry=CompensationRetry(attempts=9, later=own))
+    assert agents_own.guard_kwargs(later=deployment)["compensation_retry"] == (
+        CompensationRetry(attempts=9, later=own))
+    off = spec.guard_kwargs()  # the deployment does not wait: no policy is changed
+    assert off["compensation_retry"].later is None
+    assert off["compensations"]["tuned"].retry.later is None

@@ -12,8 +12,8 @@ import stripe
 from agents import registry
 from agents.registry import AgentSettings
 from agents.travel import ScriptedTravelModel, chat_model
-from stateguard import RunStatus, SagaAborted, StateGuardCheckpointer
-from tests.conftest import STRIPE_TEST_KEY
+from stateguard import CompensationStatus, RunStatus, SagaAborted, StateGuardCheckpointer
+from tests.conftest import STRIPE_TEST_KEY, flush_localstripe
 
 
 def guarded(localstripe_url: str, sandbox: Path) -> tuple[StateGuardCheckpointer, Any]:
@@ -71,6 +71,24 @@ def test_it_refunds_the_charge_once_when_no_room_can_be_held(
     assert [(e.effect.kind, e.status) for e in view.effects] == [
         ("charge", "compensated"), ("refund", "compensated")]
     assert log(tmp_path) == ["do:charge", "undo:charge"]
+
+
+def test_it_hands_a_refund_stripe_refuses_for_good_to_a_person_after_one_attempt(
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path)
+    config = {"configurable": {"thread_id": "trip-gone"}}
+    guard.invoke(graph, trip(), config)
+    flush_localstripe(localstripe_url)  # Stripe no longer knows the charge: a 404, for good
+
+    report = guard.compensate(graph, config, by="olivia")
+
+    assert report.needs_attention
+    comps = {c.node: c for c in guard.status(config).compensations}
+    refund = comps["charge_card"]
+    assert (refund.status, len(refund.attempts)) == (CompensationStatus.FAILED, 1)
+    assert refund.attempts[0].error is not None
+    assert refund.attempts[0].error.type == "InvalidRequestError"
+    assert comps["reserve_hotel"].status == CompensationStatus.SUCCEEDED  # the others still ran
 
 
 def test_it_asks_before_a_charge_over_100(

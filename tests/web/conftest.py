@@ -191,6 +191,24 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str,
 
 
 @pytest.fixture
+def relay(localstripe_url: str, stripe_client: Any) -> Iterator[Any]:
+    """A ``StripeRelay`` in front of an empty localstripe: it fails, drops or holds the Stripe
+    calls its rules name (``tests/web/stripe_relay.py``)."""
+    from tests.web.stripe_relay import StripeRelay
+
+    relay = StripeRelay(localstripe_url)
+    yield relay
+    relay.close()
+
+
+@pytest.fixture
+def pool(workers: Workers, relay: Any) -> Workers:
+    """The workers, talking to Stripe through the relay."""
+    workers.env.update(STRIPE_API_BASE=relay.url, STRIPE_API_KEY="sk_test_stateguard")
+    return workers
+
+
+@pytest.fixture
 def queue() -> Iterator[Any]:
     """The broker's default queue (a Redis list), empty before and after."""
     import redis

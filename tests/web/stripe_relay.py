@@ -11,7 +11,8 @@ Each rule takes the next requests whose request line starts with its prefix
 * ``drop``: the connection is closed with no answer, not forwarded, ``times`` times (or
   always): Stripe out of reach, as the SDK sees it (``APIConnectionError``).
 
-Every other request is forwarded as it is.
+Every other request is forwarded as it is. ``lift(rule)`` ends a rule (Stripe is back): the
+requests after it are forwarded.
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ class StripeRelay(LossyRelay):
 
     def release(self) -> None:
         self.released.set()
+
+    def lift(self, rule: Rule) -> None:
+        with self.lock:
+            rule.times = rule.seen
 
     def close(self) -> None:
         self.release()

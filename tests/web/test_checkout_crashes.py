@@ -10,7 +10,7 @@ acted, until the test has killed the worker. The agent's code has no test hook.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,20 +23,6 @@ from tests.web.stripe_relay import Rule, StripeRelay
 
 ORDER = {"email": "alice@example.com", "amount": 42_00}
 DONE = {Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION}
-
-
-@pytest.fixture
-def relay(localstripe_url: str, stripe_client: stripe.StripeClient) -> Iterator[StripeRelay]:
-    relay = StripeRelay(localstripe_url)
-    yield relay
-    relay.close()
-
-
-@pytest.fixture
-def pool(workers: Workers, relay: StripeRelay) -> Workers:
-    """The workers, talking to Stripe through the relay."""
-    workers.env.update(STRIPE_API_BASE=relay.url, STRIPE_API_KEY="sk_test_stateguard")
-    return workers
 
 
 def finished(run: Run) -> Run | None:
@@ -167,16 +153,26 @@ def test_it_retries_a_refund_that_stripe_failed_and_refunds_once(
         (1, False), (2, False), (3, True)]
 
 
-def test_it_needs_attention_when_stripe_refuses_every_refund(
+def test_it_needs_attention_once_stripe_refused_every_refund_for_its_whole_budget(
         pool: Workers, relay: StripeRelay, stripe_client: stripe.StripeClient) -> None:
+    # A refund waits out an outage between rounds of five attempts (test_checkout_outage.py),
+    # here for 3 s: past that, nobody waits any more, and a person takes the run over.
+    pool.env.update(STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL="1",
+                    STATEGUARD_COMPENSATION_RETRY_LATER_CAP="1",
+                    STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET="3")
     failing = relay.fail(b"POST /v1/refunds")
-    pool.start("w1")
+    pool.start("w1", beat=True)  # its sweeper starts the rounds
     run = services.run_submit(agent="checkout", input={**ORDER, "fail_booking": True})
     wait_for(lambda: finished(run), 90, "the run to give up", pool.logs)
 
     assert run.status == Run.Status.NEEDS_ATTENTION
     comp = compensation(run)
-    assert (comp.status, comp.attempts.count(), failing.seen) == ("failed", 5, 5)
+    attempts = comp.attempts.count()
+    assert (comp.status, comp.retry_at, failing.seen) == ("failed", None, attempts)
+    assert attempts >= 10 and attempts % 5 == 0  # rounds of five, two at least
+    first, last = comp.attempts.first(), comp.attempts.last()
+    assert first is not None and last is not None
+    assert last.finished_at - first.started_at >= timedelta(seconds=3)  # the budget, spent
     assert {a.error["type"] for a in comp.attempts.all()} == {"APIError"}
     assert charges(stripe_client) == [(42_00, 0)]  # still charged: for an operator
     assert ledger(run) == [("charge", intent_id(stripe_client), 42_00, "applied", "")]

@@ -12,7 +12,9 @@ from django.test.utils import CaptureQueriesContext
 
 from stateguard import (
     ApprovalStatus,
+    CompensationRetry,
     Journal,
+    RetryLater,
     RunStatus,
     SagaAborted,
     StateGuardCheckpointer,
@@ -69,6 +71,42 @@ def test_it_journals_every_attempt_of_a_failing_compensation() -> None:
     assert comp.status == "failed"
     assert [a.error["message"] for a in comp.attempts.all()] == ["refund API down"] * 3
     assert Run.objects.get(code=code).status == Run.Status.NEEDS_ATTENTION
+
+
+def test_it_keeps_a_waiting_compensations_next_round_and_clears_it_when_it_is_done() -> None:
+    """A compensation whose attempts are spent waits (RetryLater): the run stays compensating,
+    the compensation waiting with the time of its next round; that round (recovery's, which
+    the sweeper starts once the time has come: test_compensation_wait.py) undoes the step,
+    and nothing waits any more."""
+    down = [True]
+
+    def refund(state: object, ctx: object) -> bool:
+        if down[0]:
+            raise ConnectionError("refund API down")
+        return True
+
+    code = new_run()
+    retry = CompensationRetry(attempts=2, initial=0.001, cap=0.002,
+                              later=RetryLater(initial=0.05, cap=0.05, budget=60))
+    guard = StateGuardCheckpointer(journal=DjangoJournal(), compensations={"a": refund},
+                                   compensation_retry=retry)
+    graph = guard.compile(line_builder(NODES, []))
+    before = time.time()
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "b"}, config(code))
+
+    comp = Compensation.objects.get(run__code=code)
+    assert Run.objects.get(code=code).status == Run.Status.COMPENSATING
+    assert comp.status == "waiting" and comp.attempts.count() == 2
+    assert before + 0.05 <= comp.retry_at.timestamp() <= time.time() + 0.05
+    (record,) = DjangoJournal().compensations(code)
+    assert record.retry_at == comp.retry_at.timestamp()
+
+    down[0] = False
+    guard.recover(graph, config(code))
+    comp.refresh_from_db()
+    assert (comp.status, comp.retry_at, comp.attempts.count()) == ("succeeded", None, 3)
+    assert Run.objects.get(code=code).status == Run.Status.COMPENSATED
 
 
 def test_it_fences_writes_from_a_worker_whose_lease_was_taken_over() -> None:

@@ -400,7 +400,8 @@ class DjangoJournal:
                     if c.step_id == record.step_id)
 
     def compensation_attempt(self, run_id: str, step_id: str, attempt: AttemptRecord,
-                             status: CompensationStatus) -> None:
+                             status: CompensationStatus, *, retry_at: float | None = None
+                             ) -> None:
         with self._write(run_id) as pk:
             comp = Compensation.objects.get(run_id=pk, step__step_id=step_id)
             CompensationAttempt.objects.create(
@@ -408,7 +409,8 @@ class DjangoJournal:
                 finished_at=_dt(attempt.finished_at), ok=attempt.ok, result=attempt.result,
                 error=_error_json(attempt.error))
             comp.status = status.value
-            comp.save(update_fields=["status", "updated_at"])
+            comp.retry_at = _dt(retry_at)  # a round's first attempt clears the last one's
+            comp.save(update_fields=["status", "retry_at", "updated_at"])
 
     def compensations(self, run_id: str) -> list[CompensationRecord]:
         comps = (Compensation.objects.filter(run__code=run_id).select_related("step")
@@ -417,7 +419,8 @@ class DjangoJournal:
             run_id, c.step.step_id, c.node, c.idempotency_key, CompensationStatus(c.status),
             c.triggered_by,
             [AttemptRecord(a.number, a.started_at.timestamp(), a.finished_at.timestamp(), a.ok,
-                           a.result, ErrorInfo.from_dict(a.error)) for a in c.attempts.all()])
+                           a.result, ErrorInfo.from_dict(a.error)) for a in c.attempts.all()],
+            _ts(c.retry_at))
             for c in comps]
 
     # -- approvals --------------------------------------------------------------------------

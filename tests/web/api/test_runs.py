@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from stateguard import InvariantViolation
 from stateguard_web.sagas import selectors
-from stateguard_web.sagas.models import Approval, AuditEvent, Effect, Run, Step
+from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Effect, Run, Step
 from tests.web.api.world import CSRF_SECRET, PROVISION, World, journal_state
 
 
@@ -45,6 +45,7 @@ class DetailTests(World):
         (comp,) = run["compensations"]
         assert (comp["id"], comp["status"], comp["idempotency_key"], comp["step_id"]) == (
             self.compensation.pk, "failed", "k-1", "t-charge-2")
+        assert comp["retry_at"] is None  # it waits for nothing: a person's
         assert comp["attempts"][0]["error"]["message"] == "refund API down"
         (approval,) = run["approvals"]
         assert approval["id"] == decided.pk and approval["payload"] == {"amount": 300}
@@ -65,6 +66,33 @@ class DetailTests(World):
                                              "message": "port 99"}
         assert self.call("vera", "GET", f"/api/runs/{self.paused.code}").json()[
             "violated_invariant"] is None
+
+
+class WaitingTests(World):
+    """A refund that waits out an outage (RetryLater): its run compensating, its next round's
+    time in the detail, and an operator's "try it now"."""
+
+    def setUp(self) -> None:
+        self.retry_at = (timezone.now() + timedelta(minutes=10)).replace(microsecond=0)
+        Run.objects.filter(pk=self.stuck.pk).update(status=Run.Status.COMPENSATING)
+        Compensation.objects.filter(pk=self.compensation.pk).update(
+            status=Compensation.Status.WAITING, retry_at=self.retry_at)
+
+    def test_it_gives_a_waiting_compensations_next_round_in_iso_8601(self) -> None:
+        run = self.call("vera", "GET", f"/api/runs/{self.stuck.code}").json()
+
+        assert run["status"] == "compensating"
+        (comp,) = run["compensations"]
+        assert comp["status"] == "waiting"
+        assert comp["retry_at"] == self.retry_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def test_it_retries_a_waiting_compensation_now(self) -> None:
+        response = self.call("charlie", "POST",
+                             f"/api/compensations/{self.compensation.pk}/retry")
+
+        assert response.status_code == 202
+        assert (response.json()["status"], response.json()["request"]["action"]) == (
+            "compensating", "retry_compensation")
 
 
 class ListTests(World):

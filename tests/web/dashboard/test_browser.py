@@ -13,6 +13,7 @@ script, or a request of the page answered 404 (``browser``, a watched Chromium).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -502,42 +503,49 @@ def test_it_shows_a_step_cut_off_by_a_dead_worker_in_doubt(
     context.close()
 
 
-@pytest.fixture
-def relay(localstripe_url: str, stripe_client: stripe.StripeClient) -> Iterator[StripeRelay]:
-    relay = StripeRelay(localstripe_url)
-    yield relay
-    relay.close()
-
-
-def test_it_shows_attempts_that_failed_alike_once_with_the_raw_error_a_click_away(
+def test_it_shows_a_refund_waiting_out_an_outage_and_an_operator_retries_it_now(
         site: Server, workers: Workers, browser: Any, people: dict[str, Any],
-        publisher: None, relay: StripeRelay) -> None:
-    """Stripe goes out of reach after the charge: the refund fails on every attempt, with the
-    SDK's long message each time. The page says it once, in words, for all five attempts; the
-    message is behind a click."""
-    workers.env.update(STRIPE_API_BASE=relay.url)
-    relay.drop(b"GET /v1/payment_intents/")  # the refund's first call: Stripe gone
+        publisher: None, relay: StripeRelay, stripe_client: stripe.StripeClient) -> None:
+    """Stripe goes out of reach after the charge: the refund fails five times alike, with the
+    SDK's long message each time, and waits to be tried again (in ten minutes, here). The page
+    shows the run compensating and when its next attempt comes; the attempts once, in words,
+    the message behind a click. Stripe back, the operator does not wait: "Retry now"."""
+    workers.env.update(STRIPE_API_BASE=relay.url,
+                       STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL="600",
+                       STATEGUARD_COMPENSATION_RETRY_LATER_CAP="600")
+    down = relay.drop(b"GET /v1/payment_intents/")  # the refund's first call: Stripe gone
     workers.start("w1")
     context, page, logs = operator_page(browser, site, workers)
     run = submit("checkout", people["shop"], email="outage@shop.test", amount=42_00,
                  fail_booking=True)
     page.goto(f"{site.url}/runs/{run.code}/")
     live(page)
-    attempts = page.locator('[data-compensation="charge_user"] tr[data-attempts="5"]')
+    undo = page.locator('[data-compensation="charge_user"]')
     try:
-        attempts.wait_for(timeout=90_000)
+        page.wait_for_selector('[data-compensation="charge_user"][data-status="waiting"]',
+                               timeout=90_000)
     except PlaywrightTimeout:
-        pytest.fail(f"no five attempts on the page\n{logs()[-8000:]}")
+        pytest.fail(f"the refund does not wait on the page\n{logs()[-8000:]}")
+    run_status(page, "compensating", logs)
+    attempts = undo.locator('tr[data-attempts="5"]')
     assert attempts.locator("td.num").inner_text() == "1\u20135"
     assert attempts.locator("strong").inner_text() == "5 attempts:"
     assert attempts.locator(".error-summary").inner_text() == (
         "Stripe unreachable (connection dropped)")
-    assert page.locator('[data-compensation="charge_user"] tr[data-attempts]').count() == 1
+    assert undo.locator("tr[data-attempts]").count() == 1
+    assert " ".join(undo.locator("summary .badge").inner_text().split()) == "◷ waiting to retry"
+    # When: the time the journal keeps, in the reader's time and how long from now.
+    retry_at = Compensation.objects.get(run=run).retry_at
+    assert retry_at is not None
+    when = page.locator("[data-next-attempt] time")
+    assert when.get_attribute("datetime") == retry_at.isoformat()
+    assert re.fullmatch(r"next attempt at \d{1,2}:\d{2}:\d{2}( [AP]M)? · in (9|10) min\.?",
+                        " ".join(page.locator("[data-next-attempt]").inner_text().split()))
     raw = attempts.locator("pre.error-raw")
     assert not raw.is_visible()
     # The worker's events told the page that a worker is alive: no banner says otherwise.
     page.wait_for_selector("[data-workers-down]", state="detached")
-    shot(page, "30-attempts-grouped")
+    shot(page, "30-refund-waiting")
     attempts.locator("summary", has_text="The error as raised (each of the 5 times)").click()
     assert raw.is_visible()
     assert raw.inner_text().startswith("APIConnectionError: Unexpected error communicating "
@@ -547,9 +555,23 @@ def test_it_shows_attempts_that_failed_alike_once_with_the_raw_error_a_click_awa
     small = phone.new_page()
     small.goto(f"{site.url}/runs/{run.code}/")
     small.wait_for_selector('tr[data-attempts="5"]')
+    assert small.locator("[data-next-attempt]").is_visible()
     assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-    shot(small, "32-phone-attempts-grouped")
+    shot(small, "32-phone-refund-waiting")
     phone.close()
+
+    relay.lift(down)  # Stripe is back; the operator does not wait ten minutes
+    undo.locator("button[data-dialog^='confirm-retry-comp-']", has_text="Retry now").click()
+    dialog = page.locator("dialog[open]")
+    assert "Retry the compensation of charge_user now?" in dialog.inner_text()
+    shot(page, "33-confirm-retry-now")
+    dialog.locator("button[type=submit]").click()
+    run_status(page, "compensated", logs, timeout=60)
+    assert page.locator("[data-next-attempt]").count() == 0
+    assert [(c.amount, c.amount_refunded) for c in stripe_client.v1.charges.list().data] == [
+        (42_00, 42_00)]
+    page.wait_for_selector('[data-effect="refund"]')
+    shot(page, "34-refund-retried-now")
     context.close()
 
 
