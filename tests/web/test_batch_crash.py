@@ -28,7 +28,8 @@ def done(batch: Batch) -> list[int]:
 def worker_waits_for_a_lock() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                       "'stateguard-worker' AND wait_event_type = 'Lock'")
+                       "'stateguard-worker' AND wait_event_type = 'Lock' "
+                       "AND datname = current_database()")  # not other suites' workers
         return bool(cursor.fetchone()[0])
 
 

@@ -179,8 +179,10 @@ def test_it_keeps_its_database_connections_between_runs_and_replaces_dropped_one
 
     def backends() -> set[tuple[int, str]]:
         with connection.cursor() as cursor:
+            # This test database's: other suites (xdist workers) run workers of their own.
             cursor.execute("SELECT pid, backend_start::text FROM pg_stat_activity WHERE "
-                           "application_name = 'stateguard-worker'")
+                           "application_name = 'stateguard-worker' AND "
+                           "datname = current_database()")
             return set(cursor.fetchall())
 
     def run_one(name: str) -> Run:
