@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from stateguard import (
     ApprovalStatus,
     CompensationRetry,
+    InvalidRunState,
     Journal,
     RetryLater,
     RunStatus,
@@ -242,3 +243,15 @@ def test_it_reads_one_step_in_one_query_by_its_run_and_id() -> None:
     assert step.tags == ("inventory",) and step.status == StepStatus.SUCCEEDED
     assert journal.step_get(code, "t10") is None
     assert journal.step_get(str(uuid.uuid4()), "t4") is None  # no such run
+
+
+def test_it_refuses_a_change_of_status_the_state_machine_does_not_allow() -> None:
+    journal, code = DjangoJournal(), new_run()  # pending
+    with pytest.raises(InvalidRunState, match="cannot go from pending to compensated"):
+        journal.run_set_status(code, RunStatus.COMPENSATED)
+    assert Run.objects.get(code=code).status == Run.Status.PENDING  # nothing written
+    Run.objects.filter(code=code).update(status=Run.Status.SUCCEEDED)
+    journal.run_set_status(code, RunStatus.COMPENSATING)
+    journal.run_set_status(code, RunStatus.COMPENSATED)
+    with pytest.raises(InvalidRunState, match="from compensated to paused"):
+        journal.run_set_status(code, RunStatus.PAUSED)

@@ -27,6 +27,7 @@ from django.utils import timezone
 from stateguard import ErrorInfo, RunLocked, RunNotFound
 from stateguard.effects import Effect as CoreEffect
 from stateguard.effects import EffectRecord, EffectStatus, settled_status
+from stateguard.lifecycle import CHANGES, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -90,12 +91,23 @@ WHERE code = %s AND (lease_owner = '' OR lease_owner = %s OR lease_expires_at < 
 RETURNING fencing_token, {_RUN_COLUMNS}"""
 _GET = f"SELECT {_RUN_COLUMNS} FROM {_RUN} WHERE code = %s"
 # ``release``: a succeeded run is done, so the write that says so also gives up its lease.
+# Only from a status the state machine allows to go to the new one (lifecycle.CHANGES): the
+# same statement checks it, so no read comes before the write.
 _SET_STATUS = f"""
 UPDATE {_RUN} SET status = %s, updated_at = %s, error = CASE WHEN %s THEN %s ELSE error END,
     lease_owner = CASE WHEN %s THEN '' ELSE lease_owner END,
     lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at END
-WHERE code = %s AND (%s IS NULL OR fencing_token = %s)"""
-_SUCCEEDED = _SET_STATUS.replace("\nWHERE", f"\n{_NO_FLUSH}\nWHERE")
+WHERE code = %s AND (%s IS NULL OR fencing_token = %s) AND status IN ({{sources}})"""
+
+
+def _set_status_sql(status: RunStatus) -> str:
+    sources = sorted({status, *(old for old, new in CHANGES.items() if status in new)})
+    sql = _SET_STATUS.format(sources=", ".join(f"'{s.value}'" for s in sources))
+    return sql.replace("\nWHERE", f"\n{_NO_FLUSH}\nWHERE") if status == RunStatus.SUCCEEDED \
+        else sql
+
+
+_SET_STATUS_TO = {status: _set_status_sql(status) for status in RunStatus}
 _RELEASE = f"""
 UPDATE {_RUN} SET lease_owner = '', lease_expires_at = NULL WHERE code = %s AND lease_owner = %s"""
 
@@ -224,7 +236,15 @@ class DjangoJournal:
         code = Run._meta.get_field("code").get_db_prep_value(uuid.UUID(run_id), connection)
         return code, self._fences.get(run_id)
 
-    def _refused(self, run_id: str, token: int | None) -> None:
+    def _refused(self, run_id: str, token: int | None, status: RunStatus | None = None
+                 ) -> None:
+        """Why a write that names the run's fencing token (and, for ``status``, its old
+        status) changed nothing: the lease was lost, the run is not there, or the state
+        machine does not allow the change."""
+        if status is not None:
+            row = Run.objects.filter(code=run_id).values_list("status", "fencing_token").first()
+            if row is not None and (token is None or row[1] == token):
+                check_change(row[0], status, run=run_id)  # raises InvalidRunState
         if token is not None:
             raise LeaseLost(run_id)
         raise RunNotFound(run_id)
@@ -268,13 +288,13 @@ class DjangoJournal:
         set_error = error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
         release = token is not None and status == RunStatus.SUCCEEDED
         with connection.cursor() as cursor:
-            cursor.execute(_SUCCEEDED if release else _SET_STATUS, [
+            cursor.execute(_SET_STATUS_TO[status], [
                 status.value, field("updated_at").get_db_prep_value(timezone.now(), connection),
                 set_error, None if error is None else field("error").get_db_prep_value(
                     _error_json(error), connection),
                 release, release, code, token, token])
             if cursor.rowcount == 0:
-                self._refused(run_id, token)
+                self._refused(run_id, token, status)
         if release:
             self._fences.pop(run_id, None)
             self._released.add(run_id)
