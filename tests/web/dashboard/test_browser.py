@@ -326,6 +326,21 @@ def test_an_operator_approves_an_ai_agents_tool_call_from_its_page(
     run_status(page, "succeeded", logs)
     assert [c.amount for c in stripe_client.v1.charges.list().data] == [250_00]
     shot(page, "21-tool-run-succeeded")
+
+    # The customer cancels: the operator compensates the trip that succeeded. Each undo runs
+    # outside the agent's graph (the apology e-mail's used to ask LangGraph for its config and
+    # failed on every attempt: issue 18, item 12).
+    page.click("button[data-dialog='confirm-compensate']")
+    dialog = page.locator("dialog[open]")
+    assert "send_confirmation" in dialog.inner_text() or "charge_card" in dialog.inner_text()
+    dialog.locator("button[type=submit]").click()
+    run_status(page, "compensated", logs)
+    statuses = page.locator("[data-compensation]").evaluate_all(
+        "items => items.map(c => c.getAttribute('data-status'))")
+    assert statuses and "failed" not in statuses and "waiting" not in statuses, statuses
+    [charge] = stripe_client.v1.charges.list().data
+    assert charge.amount_refunded == 250_00
+    shot(page, "21b-tool-run-compensated")
     context.close()
 
 
