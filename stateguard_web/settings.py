@@ -224,7 +224,7 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # One Redis for both is fine: channels_redis keeps its keys under "asgi:".
             # socket_timeout=None: redis-py 8 defaults to 5 s, shorter than channels_redis's
-            # 5 s BZPOPMIN, which kills idle websockets (notes/stack-findings.md, gotcha 1).
+            # 5 s BZPOPMIN, which kills idle websockets (tests/web/dashboard/test_consumers.py).
             "hosts": [{"address": REDIS_URL, "socket_timeout": None}],
         },
     },

@@ -179,8 +179,8 @@ async def test_it_forwards_the_publishers_batches_in_order(
 @pytest.mark.redis
 async def test_it_keeps_an_idle_socket_open_for_more_than_ten_seconds(
         world: dict[str, Any]) -> None:
-    """The redis-py 8 trap (notes/stack-findings.md, gotcha 1): a read timeout shorter than
-    channels_redis's blocking pop killed every idle consumer after about 5 s."""
+    """The redis-py 8 trap: a read timeout shorter than channels_redis's 5 s blocking pop
+    (BZPOPMIN) killed every idle consumer after about 5 s."""
     run = world["alices"]
     communicator = socket(f"/ws/runs/{run.code}/", world["cookies"]["charlie"])
     assert (await communicator.connect(timeout=5))[0]
