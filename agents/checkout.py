@@ -28,9 +28,11 @@ from typing import Any, Literal, TypedDict
 import stripe
 from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
+from pydantic import Field
 
-from agents.registry import run_id
-from stateguard import Compensation, CompensationRetry, Effect, ExceptionContext, record_effect
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register, run_id
+from agents.stripe_support import REFUND_RETRY, stripe_client
+from stateguard import Compensation, Effect, ExceptionContext, record_effect
 
 
 class CheckoutState(TypedDict, total=False):
@@ -66,22 +68,6 @@ def checkout_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
     if isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError, stripe.APIError)):
         return "hold"
     return "compensate"
-
-
-def stripe_refused(exc: BaseException) -> bool:
-    """Whether Stripe refused a request for good: a 4xx (a charge it does not know, a key it
-    does not accept), which no later attempt would change. Not a 409 (a request with the same
-    idempotency key was in flight) nor a rate limit (a 429, or the older 400 the SDK reads as
-    one): those pass, as do a 5xx and an error with no answer at all (Stripe out of reach)."""
-    status = getattr(exc, "http_status", None)
-    return (isinstance(exc, stripe.StripeError) and not isinstance(exc, stripe.RateLimitError)
-            and isinstance(status, int) and 400 <= status < 500 and status != 409)
-
-
-# How a Stripe refund is retried: the core's attempts, and none more once Stripe refused it
-# (the run needs a person at once). How long it waits out an outage after its attempts is the
-# deployment's (the web app's STATEGUARD_COMPENSATION_RETRY_LATER_*).
-REFUND_RETRY = CompensationRetry(permanent=stripe_refused)
 
 
 RUN_KEY, STEP_KEY = "stateguard_run", "stateguard_step"
@@ -227,3 +213,28 @@ def checkout_guard_kwargs(client: stripe.StripeClient) -> dict[str, Any]:
     return {"invariants": [charged_within_amount],
             "compensations": {"payment": refund_compensation(client)},
             "on_error": checkout_error_policy}
+
+
+# -- registered with the web app ----------------------------------------------------------
+class CheckoutInput(AgentInput):
+    email: str = Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    amount: int = Field(gt=0, le=1_000_000_00)  # smallest currency unit
+    currency: str = Field(default="usd", pattern=r"^[a-z]{3}$")
+    fail_booking: bool = False
+
+
+@register("checkout")
+def spec(settings: AgentSettings) -> AgentSpec:
+    client = stripe_client(settings)
+    guard = checkout_guard_kwargs(client)
+
+    def build() -> Any:
+        return checkout_builder(client)
+
+    return AgentSpec(
+        name="checkout", build=build, input_schema=CheckoutInput,
+        invariants=tuple(guard["invariants"]), compensations=guard["compensations"],
+        approvals={"charge_user": lambda s: int(s.get("amount", 0)) > 100_00},
+        # Hold on Stripe's transient errors so an operator can retry; unwind on the rest.
+        on_error=guard["on_error"],
+        description="Charge a card with Stripe, then book the order; refund if booking fails.")

@@ -132,4 +132,4 @@ def run_id(config: RunnableConfig) -> str:
 
 def _load() -> None:
     # Importing the agent modules registers them.
-    from agents import checkout_agent, noop, provision, travel_agent  # noqa: F401
+    from agents import checkout, noop, provision, travel  # noqa: F401

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+import warnings
 from collections.abc import Sequence
 from email.message import EmailMessage
 from pathlib import Path
@@ -37,9 +38,14 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import BaseTool, tool
 from langgraph.config import get_config
+from langgraph.prebuilt import create_react_agent
 from langgraph.prebuilt.chat_agent_executor import AgentState
+from langgraph.warnings import LangGraphDeprecatedSinceV10
+from pydantic import Field
 
-from stateguard import Effect, ExceptionContext, record_effect, tool_calls
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register
+from agents.stripe_support import REFUND_RETRY, stripe_client
+from stateguard import Compensation, Effect, ExceptionContext, record_effect, tool_calls
 
 ATLANTIS = "Atlantis"  # the sandbox has no hotel there: the reservation fails
 RUN_KEY = "stateguard_run"
@@ -255,3 +261,35 @@ def total_charged_within_amount(state: dict[str, Any]) -> bool:
     """the agent never charges more than the amount asked"""
     return sum(int(c.args.get("amount", 0)) for c in tool_calls(state, "charge_card")) <= int(
         state.get("amount", 0))
+
+
+# -- registered with the web app ----------------------------------------------------------
+class TravelInput(AgentInput):
+    email: str = Field(max_length=254, pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+    destination: str = Field(min_length=1, max_length=100)  # "Atlantis" has no hotel
+    nights: int = Field(default=1, gt=0, le=60)
+    amount: int = Field(gt=0, le=1_000_000_00)  # smallest currency unit
+    currency: str = Field(default="usd", pattern=r"^[a-z]{3}$")
+
+
+@register("travel")
+def spec(settings: AgentSettings) -> AgentSpec:
+    travel = Travel(stripe_client(settings), settings.sandbox_dir)
+    # Read here, not at import: the deployment picks the model (docs/deploy.md).
+    model = chat_model(os.environ.get("STATEGUARD_TRAVEL_MODEL", ""))
+
+    def build() -> Any:
+        with warnings.catch_warnings():  # moved to langchain.agents, which we do not install
+            warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
+            return create_react_agent(model, travel.tools(), prompt=prompt,
+                                      state_schema=TravelState).builder
+
+    return AgentSpec(
+        name="travel", build=build, input_schema=TravelInput,
+        invariants=(total_charged_within_amount,),
+        compensations={"charge_card": Compensation(travel.refund, retry=REFUND_RETRY),
+                       "reserve_hotel": travel.cancel,
+                       "send_confirmation": travel.apologise},
+        approvals={"charge_card": lambda args: int(args.get("amount", 0)) > 100_00},
+        description="An AI agent: charge the card, hold a hotel room, e-mail the confirmation; "
+                    "each tool call a step, refunded if the room cannot be held.")

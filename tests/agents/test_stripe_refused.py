@@ -1,4 +1,4 @@
-"""Which Stripe errors make a refund fail for good (agents/checkout.py, ``stripe_refused``):
+"""Which Stripe errors make a refund fail for good (agents/stripe_support.py, ``stripe_refused``):
 Stripe's 4xx, but a conflict and a rate limit; never an outage."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import stripe
 
-from agents.checkout import REFUND_RETRY, stripe_refused
+from agents.stripe_support import REFUND_RETRY, stripe_refused
 
 
 @pytest.mark.parametrize(("error", "for_good"), [
