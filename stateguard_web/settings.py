@@ -138,6 +138,8 @@ LOGIN_REDIRECT_URL = "dashboard:runs"
 LOGOUT_REDIRECT_URL = "dashboard:login"
 
 ROOT_URLCONF = "stateguard_web.urls"
+# HTTP in production: gunicorn (WSGI); websockets, and HTTP under `make run`: Daphne (ASGI).
+WSGI_APPLICATION = "stateguard_web.wsgi.application"
 ASGI_APPLICATION = "stateguard_web.asgi.application"
 
 TEMPLATES = [

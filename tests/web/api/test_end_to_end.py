@@ -1,6 +1,6 @@
 """The API end to end, as an operator deploys it: keys made by ``manage.py create_api_key``, a
-real Daphne serving the ASGI app, a real Celery worker, localstripe for Stripe, and nothing but
-HTTP between the test and the app.
+real gunicorn serving the WSGI app (production's HTTP server), a real Celery worker,
+localstripe for Stripe, and nothing but HTTP between the test and the app.
 
 A shop submits a checkout over 100.00; the worker runs it until the charge waits for an
 approval; an operator approves it over HTTP; the worker charges once and books the order; the
@@ -29,7 +29,7 @@ def stack(workers: Workers, localstripe_url: str, tmp_path: Path) -> Iterator[Se
     workers.env.update(STRIPE_API_BASE=localstripe_url, STRIPE_API_KEY=STRIPE_TEST_KEY,
                        STATEGUARD_ENV_FILE="")
     workers.start("w1")
-    server = Server(workers.env, tmp_path / "daphne.log")
+    server = Server(workers.env, tmp_path / "gunicorn.log", kind="gunicorn")
     try:
         server.wait_until_up()
         yield server
