@@ -6,13 +6,16 @@ ratios to the floor compare like with like on this shared, noisy machine.
 
     .venv/bin/python bench/p6_api.py [--rounds 5] [--duration 8] [--setup 2,DATABASE_POOL=4 ...]
 
-A setup is ``N[,option...]``: N Daphne processes sharing one port (one SO_REUSEPORT socket
-each, passed with ``daphne --fd``; the kernel spreads connections over them), with options
-``KEY=VALUE`` (an environment variable for the servers, e.g. ``DATABASE_POOL=4``, or the
-bench-only ``P6_MIDDLEWARE=none``: no middleware, to see what its thread hops cost),
-``tree=DIR`` (serve another checkout of the code, e.g. ``git archive HEAD`` unpacked, to
-compare code before and after a change in one run) and ``v0`` (``daphne -v 0``: no access log).
-The default is ``--setup 1 --setup 2``. ``--pace MS`` has each connection wait MS between an
+A setup is ``N[,option...]``: N server processes on one port, with options ``server=gunicorn``
+(production's HTTP: one gunicorn with N worker processes and the threads of the tree's
+``gunicorn.conf.py``, each worker on its own SO_REUSEPORT socket) or ``server=daphne``
+(the default, as ``make run`` serves HTTP: N Daphne processes, one SO_REUSEPORT socket each,
+passed with ``daphne --fd``; the kernel spreads connections over them), ``KEY=VALUE`` (an
+environment variable for the servers, e.g. ``DATABASE_POOL=4``, ``GUNICORN_CMD_ARGS=--threads
+8``, or the bench-only ``P6_MIDDLEWARE=none``: no middleware), ``tree=DIR`` (serve another
+checkout of the code, e.g. ``git archive HEAD`` unpacked, to compare code before and after a
+change in one run) and ``v0`` (``daphne -v 0``: no access log). The default is ``--setup 1
+--setup 2``. ``--pace MS`` has each connection wait MS between an
 answer and its next request: the latency of 16 clients that think between calls, at a rate
 below the server's most, instead of back to back at saturation. Results: docs/benchmarks.md (P6).
 
@@ -25,7 +28,7 @@ floor views (``bench/p6_urls.py``); no deployment serves them. Keys come from
 steps, their audit trail) executed by a Celery worker that runs only while they are made;
 submitted runs then pile up as pending (their messages are dropped after each round).
 
-``--profile DIR`` afterwards records each load on the first setup's first process with
+``--profile DIR`` afterwards records each load on the first setup's first server process with
 py-spy (``--py-spy PATH``), raw collapsed stacks per thread, into DIR.
 """
 
@@ -134,6 +137,7 @@ def flush_redis() -> None:
 class Setup:
     spec: str
     processes: int
+    server: str = "daphne"
     env: dict[str, str] = field(default_factory=dict)
     tree: Path = ROOT
     access_log: bool = True
@@ -149,33 +153,57 @@ class Setup:
                 setup.access_log = False
             elif option.startswith("tree="):
                 setup.tree = Path(option.removeprefix("tree=")).resolve()
+            elif option.startswith("server="):
+                setup.server = option.removeprefix("server=")
             elif "=" in option:
                 key, value = option.split("=", 1)
                 setup.env[key] = value
             else:
                 raise SystemExit(f"unknown option {option!r} in setup {spec!r}")
+        if setup.server not in ("daphne", "gunicorn"):
+            raise SystemExit(f"setup {spec!r}: server= is daphne or gunicorn")
+        if setup.server == "gunicorn" and not setup.access_log:
+            raise SystemExit(f"setup {spec!r}: v0 is Daphne's (gunicorn.conf.py sets the log)")
         return setup
 
     def start(self, logs: Path) -> None:
-        """N Daphne processes, each on its own SO_REUSEPORT socket bound to one port."""
         if self.tree != ROOT:  # the bench's settings and URLs, into the other checkout
             for name in ("p6_settings.py", "p6_urls.py", "__init__.py"):
                 target = self.tree / "bench" / name
                 if not target.exists():
                     target.parent.mkdir(exist_ok=True)
                     shutil.copy(ROOT / "bench" / name, target)
-        sockets = []
-        for _ in range(self.processes):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            sock.bind(("127.0.0.1", self.port))
-            self.port = sock.getsockname()[1]
-            sock.listen(1024)
-            sockets.append(sock)
         env = {**os.environ, **self.env}
+        if self.server == "gunicorn":
+            self._start_gunicorn(env, logs)
+        else:
+            self._start_daphne(env, logs)
+        deadline = time.monotonic() + 60
+        answered = 0
+        while answered < 10 * self.processes:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                raise SystemExit(f"setup {self.spec}: {self.server} did not start (see {logs})")
+            try:
+                with urllib.request.urlopen(self.url("/healthz"), timeout=2) as response:
+                    answered += response.status == 200
+            except OSError:
+                time.sleep(0.2)
+
+    def _listen(self, reuse_port: bool) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", self.port))
+        self.port = sock.getsockname()[1]
+        sock.listen(1024)
+        os.set_inheritable(sock.fileno(), True)
+        return sock
+
+    def _start_daphne(self, env: dict[str, str], logs: Path) -> None:
+        """N Daphne processes, each on its own SO_REUSEPORT socket bound to one port."""
+        sockets = [self._listen(reuse_port=True) for _ in range(self.processes)]
         for i, sock in enumerate(sockets):
             fd = sock.fileno()
-            os.set_inheritable(fd, True)
             args = [sys.executable, "-m", "daphne", "--fd", str(fd)]
             if not self.access_log:
                 args += ["-v", "0"]
@@ -186,16 +214,26 @@ class Setup:
                 start_new_session=True))
         for sock in sockets:  # the children hold them; a socket of ours would take a share
             sock.close()
-        deadline = time.monotonic() + 60
-        answered = 0
-        while answered < 10 * self.processes:
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
-                raise SystemExit(f"setup {self.spec}: Daphne did not start (see {logs})")
-            try:
-                with urllib.request.urlopen(self.url("/healthz"), timeout=2) as response:
-                    answered += response.status == 200
-            except OSError:
-                time.sleep(0.2)
+
+    def _start_gunicorn(self, env: dict[str, str], logs: Path) -> None:
+        """One gunicorn (the tree's gunicorn.conf.py) with N workers on a free port: each
+        worker binds its own SO_REUSEPORT socket there (``reuse_port`` in the conf)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        log = open(logs / f"gunicorn-{self.port}.log", "wb")  # noqa: SIM115
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{self.port}",
+             "--workers", str(self.processes)], cwd=self.tree, env=env, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True))
+
+    def serving(self) -> list[int]:
+        """The pids of the processes that answer requests: Daphne's, or gunicorn's workers."""
+        import psutil
+
+        if self.server == "daphne":
+            return [p.pid for p in self.procs]
+        return sorted(child.pid for child in psutil.Process(self.procs[0].pid).children())
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
@@ -210,10 +248,10 @@ class Setup:
                 proc.kill()
 
     def cpu(self) -> list[float]:
-        """CPU seconds used so far by each of this setup's server processes."""
+        """CPU seconds used so far by each of this setup's serving processes."""
         import psutil
 
-        return [sum(psutil.Process(p.pid).cpu_times()[:2]) for p in self.procs]
+        return [sum(psutil.Process(pid).cpu_times()[:2]) for pid in self.serving()]
 
 
 # --- load ------------------------------------------------------------------------------------
@@ -356,10 +394,10 @@ def check_once(setup: Setup, submitter: str, viewer: str, code: str) -> None:
 
 def profile(setups: list[Setup], scripts: dict[str, Path], loads: list[str], folder: Path,
             py_spy: str, seconds: float, connections: int) -> None:
-    """Sample the first setup's first server process under each load (py-spy, raw stacks)."""
+    """Sample the first setup's first serving process under each load (py-spy, raw stacks)."""
     folder.mkdir(parents=True, exist_ok=True)
     setup = setups[0]
-    pid = setup.procs[0].pid
+    pid = setup.serving()[0]
     for load in loads:
         out = folder / f"{load}.txt"
         spy = subprocess.Popen([py_spy, "record", "--pid", str(pid), "--duration",
@@ -381,7 +419,7 @@ def report(results: list[Result], setups: list[Setup], loads: list[str], rounds:
           f"{args.duration:g} s per load, {rounds} interleaved rounds; req/s, p50/p99 ms per "
           "round; medians")
     for setup in setups:
-        print(f"\nsetup {setup.spec} ({setup.processes} Daphne process"
+        print(f"\nsetup {setup.spec} ({setup.processes} {setup.server} process"
               f"{'es' if setup.processes > 1 else ''})")
         floor = [r for r in results if r.setup == setup.spec and r.load == "floor"]
         print("| load | " + " | ".join(f"r{i + 1}" for i in range(rounds)) +
@@ -411,7 +449,8 @@ def report(results: list[Result], setups: list[Setup], loads: list[str], rounds:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setup", action="append", default=[],
-                        help="N[,KEY=VALUE][,tree=DIR][,v0] (repeatable; default: 1 and 2)")
+                        help="N[,server=gunicorn|daphne][,KEY=VALUE][,tree=DIR][,v0] "
+                             "(repeatable; default: 1 and 2, Daphne)")
     parser.add_argument("--loads", default=",".join(LOADS),
                         help=f"comma-separated, of {', '.join((*LOADS, 'afloor'))}")
     parser.add_argument("--rounds", type=int, default=5)
@@ -457,7 +496,7 @@ def main() -> None:
               f"wrk scripts in {folder}", flush=True)
         if args.hold:
             print(f"keys: submitter {submitter} viewer {viewer}; server pids "
-                  f"{[[p.pid for p in s.procs] for s in setups]}; run code {codes[0]}",
+                  f"{[s.serving() for s in setups]}; run code {codes[0]}",
                   flush=True)
             time.sleep(args.hold)
             return

@@ -1,4 +1,4 @@
-"""StateGuard's Django project: settings, URLs, ASGI and Celery apps, and the ``sagas`` app."""
+"""StateGuard's Django project: settings, URLs, WSGI, ASGI and Celery apps, and its own apps."""
 
 from __future__ import annotations
 

@@ -55,8 +55,8 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])  # behind an
 # setting below is on unless the environment says otherwise; `make run` (DEBUG on) is plain HTTP.
 HTTPS_ONLY = env.bool("HTTPS_ONLY", default=not DEBUG)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS_ONLY)
-# Health checks (a load balancer, a container runtime) reach Daphne directly over plain HTTP;
-# a redirect would read as "unhealthy". /healthz says only that the app and database answer;
+# Health checks (a load balancer, a container runtime) reach the web server directly over plain
+# HTTP; a redirect would read as "unhealthy". /healthz says only that the app and database answer;
 # /api/health also that the broker answers and workers beat (stateguard_web/health.py).
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^api/health$"]
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS_ONLY)
@@ -117,19 +117,6 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
-# API requests that carry a key (Authorization: Bearer, under /api/) are judged by the key
-# alone, so they skip what only a session needs: session, CSRF, authentication and messages.
-# The rest is MIDDLEWARE's, run with the view in one call on the request's thread: stateguard_web/
-# api/asgi.py. Keep it MIDDLEWARE without those four (tests/web/api/test_keyed_path.py checks).
-KEYED_API_MIDDLEWARE = [
-    "stateguard_web.metrics.ApiRequestsMiddleware",
-    "django.middleware.security.SecurityMiddleware",
-    "stateguard_web.csp.csp_middleware",
-    "django.middleware.common.CommonMiddleware",
-    "stateguard_web.api.asgi.AnonymousUntilKeyed",  # in AuthenticationMiddleware's place
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
-]
-
 # Django's, reading a user's permissions in one query (every API request asks for them).
 AUTHENTICATION_BACKENDS = ["stateguard_web.accounts.backends.ModelBackend"]
 
@@ -139,6 +126,8 @@ LOGIN_REDIRECT_URL = "dashboard:runs"
 LOGOUT_REDIRECT_URL = "dashboard:login"
 
 ROOT_URLCONF = "stateguard_web.urls"
+# HTTP in production: gunicorn (WSGI); websockets, and HTTP under `make run`: Daphne (ASGI).
+WSGI_APPLICATION = "stateguard_web.wsgi.application"
 ASGI_APPLICATION = "stateguard_web.asgi.application"
 
 TEMPLATES = [
@@ -162,7 +151,8 @@ DATABASES = {
     "default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'stateguard.sqlite3'}")
 }
 # 0 = close after each request: Django's docs say to disable persistent connections under ASGI
-# (Daphne). Celery worker processes keep theirs (stateguard_web.celery, WORKER_CONN_MAX_AGE).
+# (Daphne); under gunicorn the pool below keeps them instead. Celery worker processes keep
+# theirs (stateguard_web.celery, WORKER_CONN_MAX_AGE).
 DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
 # PostgreSQL: each web process keeps this many connections in psycopg's pool (Django's "pool"
 # option), and a request borrows one instead of opening its own: a new backend per request cost

@@ -1,34 +1,24 @@
-"""Two adjustments to Daphne's HTTP, which is Twisted's, installed when ``stateguard_web.asgi``
-is imported (Daphne imports it before it listens).
+"""A header line too long for Daphne's HTTP (Twisted's) is answered, not dropped; installed
+when ``stateguard_web.asgi`` is imported (Daphne imports it before it listens).
 
-**A header line too long is answered, not dropped.** Twisted reads a request's head line by
-line (``LineReceiver``); a line over ``HTTPChannel.MAX_LENGTH`` (16 KiB) goes to
-``lineLengthExceeded``, whose default closes the connection without a word: a client that sent
-a 100 kB ``Idempotency-Key`` saw the connection drop and could not tell why. That method is
-``LineReceiver``'s documented hook for this case; it now answers ``431 Request Header Fields
-Too Large`` (a request line that long: ``414 URI Too Long``) with the API's error body, reads
-and drops whatever else the client sends (closing with unread data would reset the connection,
-and the client could lose the answer), and closes after the client does, or after
-``DRAIN_SECONDS``. The request never reaches Django. A head over 16 KiB in total, each line
-shorter, is still Twisted's own bare ``400 Bad Request``; a shorter ``Idempotency-Key`` over 200
-characters is the API's 422 (docs/api.md).
-
-**A POST's Content-Type parse is remembered.** For every POST,
-``twisted.web.http.Request.requestReceived`` reads the Content-Type with
-``_parseContentType``, which builds an ``email.message.EmailMessage`` (the email package's
-header registry and policy) to find out whether the body is a form it should parse. Under P6
-that was ~4 % of a submission's CPU in Daphne (py-spy ``--gil``, docs/benchmarks.md), and
-clients send the same few values again and again. The function is pure (bytes in, bytes out),
-so its answers are kept for the last 256 values. If a Twisted release renames it, nothing is
-changed (tests/web/test_twisted_http.py then fails, to have it looked at).
+This matters where Daphne serves HTTP: ``make run`` (production serves HTTP with gunicorn,
+which answers such a request itself: 431 for a header, 414 for a request line; docs/api.md).
+Twisted reads a request's head line by line (``LineReceiver``); a line over
+``HTTPChannel.MAX_LENGTH`` (16 KiB) goes to ``lineLengthExceeded``, whose default closes the
+connection without a word: a client that sent a 100 kB ``Idempotency-Key`` saw the connection
+drop and could not tell why. That method is ``LineReceiver``'s documented hook for this case; it
+now answers ``431 Request Header Fields Too Large`` (a request line that long: ``414 URI Too
+Long``) with the API's error body, reads and drops whatever else the client sends (closing with
+unread data would reset the connection, and the client could lose the answer), and closes after
+the client does, or after ``DRAIN_SECONDS``. The request never reaches Django. A head over 16
+KiB in total, each line shorter, is still Twisted's own bare ``400 Bad Request``; a shorter
+``Idempotency-Key`` over 200 characters is the API's 422 (docs/api.md).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
-from typing import Any
 
 from twisted.web import http
 
@@ -38,10 +28,6 @@ _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")  # a header's name, as
 
 def install() -> None:
     http.HTTPChannel.lineLengthExceeded = _line_too_long
-    parse: Any = getattr(http, "_parseContentType", None)
-    if parse is None or hasattr(parse, "cache_info"):  # renamed, or installed already
-        return
-    http._parseContentType = lru_cache(maxsize=256)(parse)
 
 
 def _line_too_long(channel: http.HTTPChannel, line: bytes) -> None:

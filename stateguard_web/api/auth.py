@@ -5,6 +5,14 @@ if one was used (its prefix goes into the audit trail). A request that presents 
 by the key alone: a bad key is a 401 even if the browser also has a session. A session needs
 the CSRF token on unsafe methods, as Django's forms do; a key does not (it is never sent by a
 browser on its own).
+
+Every request takes Django's own handler and the site's whole ``MIDDLEWARE``; a request with a
+key pays nothing there for the session it does not use. django-ninja marks its views
+CSRF-exempt for Django's ``CsrfViewMiddleware`` and checks the token itself, here, once a
+session is found (``SessionAuth``). The session and authentication middleware are lazy: they
+read the session only when ``request.session`` or ``request.user`` is first used, and
+``KeyAuth`` runs first and sets ``request.user`` to the key's user. So a keyed request reads no
+session, sets no cookie and needs no token (tests/web/api/test_keyed_requests.py).
 """
 
 from __future__ import annotations
@@ -54,8 +62,7 @@ class KeyAuth(HttpBearer):
 
     def authenticate(self, request: HttpRequest, token: str) -> Principal:
         try:
-            # Both ways in pass here (asgi.KeyedApiHandler's and the site's), and so the
-            # throttle of failed keys: throttle.Throttled is the error map's 429.
+            # The throttle of failed keys: throttle.Throttled is the error map's 429.
             key = api_key_authenticate(token.strip(),
                                        address=throttle.client_address(request))
         except KeyRefused as exc:

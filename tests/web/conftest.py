@@ -220,28 +220,47 @@ def queue() -> Iterator[Any]:
     r.delete("celery")
 
 
-class Server:
-    """A Daphne process serving ``stateguard_web.asgi:application`` on a free port, with the
-    workers' environment (the test database, the test Redis, localstripe)."""
+# The web servers: Daphne (`make run`, and the websockets in production) and gunicorn
+# (production's HTTP, with the repository's gunicorn.conf.py: one process here).
+SERVER_COMMANDS: dict[str, Callable[[int], list[str]]] = {
+    "daphne": lambda port: [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                            "stateguard_web.asgi:application"],
+    "gunicorn": lambda port: [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}",
+                              "--workers", "1"],
+}
 
-    def __init__(self, env: dict[str, str], log: Path, port: int | None = None) -> None:
+
+class Server:
+    """A web server (``kind``: Daphne serving ``stateguard_web.asgi:application``, or gunicorn
+    serving ``stateguard_web.wsgi:application``) on a free port, with the workers' environment
+    (the test database, the test Redis, localstripe)."""
+
+    def __init__(self, env: dict[str, str], log: Path, port: int | None = None,
+                 kind: str = "daphne") -> None:
+        self.kind = kind
         self.port = port or _free_port()  # a port again: the same server restarted
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
-                 "stateguard_web.asgi:application"],
-                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
+                SERVER_COMMANDS[kind](self.port), cwd=ROOT, env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_until_up(self) -> None:
         def up() -> bool:
             if self.proc.poll() is not None:
-                pytest.fail(f"daphne exited {self.proc.returncode}:\n{self.logs()}")
-            return _port_answers("127.0.0.1", self.port)
+                pytest.fail(f"{self.kind} exited {self.proc.returncode}:\n{self.logs()}")
+            return _port_answers("127.0.0.1", self.port) and self._answers()
 
-        wait_for(up, 30, "daphne to listen", self.logs)
+        wait_for(up, 30, f"{self.kind} to answer", self.logs)
+
+    def _answers(self) -> bool:
+        """Whether the application answers: gunicorn listens before its worker has loaded it."""
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=5) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
 
     def stop(self) -> None:
         try:
@@ -268,15 +287,28 @@ class Server:
             return error.code, json.loads(error.read())
 
 
-@pytest.fixture
-def daphne(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Server]:
-    """A web server alone on the test database (no worker), for what depends on Daphne."""
-    server = Server(Workers(sandbox, tmp_path).env, tmp_path / "daphne.log")
+def serve(kind: str, sandbox: Path, tmp_path: Path, **env: str) -> Iterator[Server]:
+    """A ``kind`` web server alone on the test database (no worker), with ``env`` added to the
+    workers' environment, for as long as the generator is not closed."""
+    server = Server({**Workers(sandbox, tmp_path).env, **env}, tmp_path / f"{kind}.log",
+                    kind=kind)
     try:
         server.wait_until_up()
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def daphne(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Server]:
+    """Daphne alone on the test database (no worker), for what depends on Daphne."""
+    yield from serve("daphne", sandbox, tmp_path)
+
+
+@pytest.fixture
+def gunicorn(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Server]:
+    """gunicorn alone on the test database (no worker): production's HTTP server."""
+    yield from serve("gunicorn", sandbox, tmp_path)
 @pytest.fixture(autouse=True)
 def _no_throttle_left() -> None:
     """Each test starts with no failed sign-in or key counted and nobody locked out

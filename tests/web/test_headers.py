@@ -33,7 +33,7 @@ def test_every_response_carries_the_content_security_policy() -> None:
 
 @pytest.mark.django_db(transaction=True)
 async def test_an_api_request_with_a_key_carries_it_too() -> None:
-    # The keyed path has a middleware stack of its own (settings.KEYED_API_MIDDLEWARE).
+    # Through Django's ASGI handler (`make run`'s Daphne), as the test client above is WSGI's.
     response = await AsyncClient().get("/api/runs", headers={"Authorization": "Bearer sg_x"})
     assert response.status_code == 401
     assert response["Content-Security-Policy"] == POLICY

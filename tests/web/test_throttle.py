@@ -22,9 +22,8 @@ from django.utils import timezone
 
 from stateguard_web.accounts import services, throttle
 from stateguard_web.sagas.models import AuditEvent
-from tests.web.api.test_end_to_end import Server
 from tests.web.api.world import make_user
-from tests.web.conftest import Workers
+from tests.web.conftest import Server, serve
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -207,20 +206,14 @@ class ClientAddressTests(TestCase):
         assert self.address("::ffff:192.0.2.1") == "192.0.2.1"
 
 
-@pytest.fixture
-def server(transactional_db: None, tmp_path: Path) -> Iterator[Server]:
-    """Daphne serving the ASGI app with the test's limits and a 3-second lock-out: requests
-    with a key take its own handler there (stateguard_web/api/asgi.py), not the test
-    client's."""
-    env = {**Workers(tmp_path / "sandbox", tmp_path).env, "STATEGUARD_ENV_FILE": "",
-           **{name: str(value) for name, value in LIMITS.items()},
-           "STATEGUARD_THROTTLE_LOCKOUT_SECONDS": "3"}
-    daphne = Server(env, tmp_path / "daphne.log")
-    try:
-        daphne.wait_until_up()
-        yield daphne
-    finally:
-        daphne.stop()
+@pytest.fixture(params=["gunicorn", "daphne"])
+def server(request: pytest.FixtureRequest, transactional_db: None,
+           tmp_path: Path) -> Iterator[Server]:
+    """A real web server (gunicorn, production's HTTP; Daphne, `make run`'s) with the test's
+    limits and a 3-second lock-out: Django's WSGI or ASGI handler, not the test client's."""
+    limits = {name: str(value) for name, value in LIMITS.items()}
+    yield from serve(request.param, tmp_path / "sandbox", tmp_path,
+                     **{**limits, "STATEGUARD_THROTTLE_LOCKOUT_SECONDS": "3"})
 
 
 def get_runs(server: Server, key: str, source: str) -> tuple[int, str | None]:
@@ -237,7 +230,7 @@ def get_runs(server: Server, key: str, source: str) -> tuple[int, str | None]:
         conn.close()
 
 
-def test_it_throttles_guessed_keys_on_the_keyed_path_per_address_until_the_lock_out_ends(
+def test_it_throttles_guessed_keys_over_http_per_address_until_the_lock_out_ends(
         server: Server) -> None:
     _, good = services.api_key_create(user=make_user("bob", "submitter"), name="shop")
     # The report: 50 guessed keys in 0.3 s, every one a plain 401.

@@ -1,6 +1,6 @@
 """The API end to end, as an operator deploys it: keys made by ``manage.py create_api_key``, a
-real Daphne serving the ASGI app, a real Celery worker, localstripe for Stripe, and nothing but
-HTTP between the test and the app.
+real gunicorn serving the WSGI app (production's HTTP server), a real Celery worker,
+localstripe for Stripe, and nothing but HTTP between the test and the app.
 
 A shop submits a checkout over 100.00; the worker runs it until the charge waits for an
 approval; an operator approves it over HTTP; the worker charges once and books the order; the
@@ -23,18 +23,32 @@ from tests.conftest import STRIPE_TEST_KEY
 from tests.web.conftest import ROOT, Server, Workers, wait_for
 
 
-@pytest.fixture
-def stack(workers: Workers, localstripe_url: str, tmp_path: Path) -> Iterator[Server]:
-    """A worker and a web server on the test database, both calling localstripe."""
+def serve_with_worker(kind: str, workers: Workers, localstripe_url: str,
+                      tmp_path: Path) -> Iterator[Server]:
+    """A worker and a ``kind`` web server on the test database, both calling localstripe."""
     workers.env.update(STRIPE_API_BASE=localstripe_url, STRIPE_API_KEY=STRIPE_TEST_KEY,
                        STATEGUARD_ENV_FILE="")
     workers.start("w1")
-    server = Server(workers.env, tmp_path / "daphne.log")
+    server = Server(workers.env, tmp_path / f"{kind}.log", kind=kind)
     try:
         server.wait_until_up()
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def stack(workers: Workers, localstripe_url: str, tmp_path: Path) -> Iterator[Server]:
+    """`make run`'s layout: one Daphne for HTTP and websockets (the dashboard's browser tests
+    use it), and a worker."""
+    yield from serve_with_worker("daphne", workers, localstripe_url, tmp_path)
+
+
+@pytest.fixture
+def production_stack(workers: Workers, localstripe_url: str,
+                     tmp_path: Path) -> Iterator[Server]:
+    """Production's HTTP server, gunicorn, and a worker."""
+    yield from serve_with_worker("gunicorn", workers, localstripe_url, tmp_path)
 
 
 def create_api_keys(env: dict[str, str], *keys: tuple[str, str]) -> list[str]:
@@ -54,7 +68,9 @@ def create_api_keys(env: dict[str, str], *keys: tuple[str, str]) -> list[str]:
 
 
 def test_it_runs_a_checkout_submitted_and_approved_over_http(
-        stack: Server, workers: Workers, stripe_client: stripe.StripeClient) -> None:
+        production_stack: Server, workers: Workers, stripe_client: stripe.StripeClient) -> None:
+    stack = production_stack
+
     def logs() -> str:
         return stack.logs() + workers.logs()
 
