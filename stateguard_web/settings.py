@@ -244,10 +244,6 @@ CACHES = {
 
 # Celery (read by stateguard_web/celery.py with namespace="CELERY").
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
-# kombu's Redis transport with one Redis client per channel instead of one per publish
-# (stateguard_web/broker.py); other schemes (rediss, sentinel, ...) keep kombu's own.
-if CELERY_BROKER_URL.startswith("redis://"):
-    CELERY_BROKER_TRANSPORT = "stateguard_web.broker:Transport"
 # No result backend by default: tasks take ids and write their outcome to the database.
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=None)
 CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None
