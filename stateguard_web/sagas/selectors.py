@@ -135,7 +135,8 @@ def _json_rows(source: str, fields: tuple[str, ...], where: str, order: str,
                columns: dict[str, str] | None = None) -> str:
     """SQL for the rows of ``source`` that match ``where``, in ``order``, as an array of JSON
     objects: one key per field, its value the column of that name, or ``columns[field]``."""
-    pairs = ", ".join(f"'{f}', {(columns or {}).get(f, f)}" for f in fields)
+    quote = connection.ops.quote_name  # "update" is a keyword
+    pairs = ", ".join(f"'{f}', {(columns or {}).get(f, quote(f))}" for f in fields)
     return f"ARRAY(SELECT json_build_object({pairs}) FROM {source} WHERE {where} ORDER BY {order})"
 
 
@@ -155,7 +156,8 @@ def _detail_sql() -> str:
         "compensations": _json_rows(
             f"{table(Compensation)} c JOIN {table(Step)} s ON s.id = c.step_id",
             (*_COMPENSATION, "attempts"), "c.run_id = r.id", "c.created_at, c.id",
-            {**{f: f"c.{f}" for f in _COMPENSATION}, "step_id": "s.step_id",
+            {**{f: f"c.{connection.ops.quote_name(f)}" for f in _COMPENSATION},
+             "step_id": "s.step_id",
              "attempts": attempts}),
         "effects": _json_rows(table(Effect), _EFFECT, "run_id = r.id", "recorded_at, id"),
         "approvals": _json_rows(table(Approval), _APPROVAL, "run_id = r.id",
