@@ -1,7 +1,8 @@
 """The Celery app: ``celery -A stateguard_web worker`` / ``celery -A stateguard_web beat``.
 
-Configuration comes from Django settings named ``CELERY_*`` (see settings.py), read once
-(``_read_settings``); tasks are found in each installed app's ``tasks`` module.
+Configuration comes from Django settings named ``CELERY_*`` (see settings.py), read through
+Django's settings as Celery's Django guide does, so ``override_settings`` reaches Celery too;
+tasks are found in each installed app's ``tasks`` module.
 """
 
 from __future__ import annotations
@@ -17,30 +18,10 @@ from stateguard_web.heartbeat import HeartbeatStep
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
 
 app = Celery("stateguard_web")
+app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # Each worker says it is alive in Redis every few seconds, for GET /api/health (heartbeat.py).
 app.steps["consumer"].add(HeartbeatStep)
-
-
-@app.on_configure.connect
-def _read_settings(sender: Celery, **_: Any) -> None:
-    """Celery's configuration: the ``CELERY_*`` Django settings, copied into a dict once, when
-    Celery first needs its configuration (in the web process, worker or beat alike).
-
-    Not ``config_from_object("django.conf:settings", namespace="CELERY")``: Celery reads ~20
-    settings per publish, and over Django's settings each read tries up to four spellings of
-    the name (``CELERY_TASK_SERIALIZER``, ``task_serializer``, ...), every miss an
-    AttributeError from ``LazySettings.__getattr__`` (~170 of a publish's ~1800 Python calls;
-    "Celery publish per submission" in docs/benchmarks.md). The names, the namespace and their
-    meaning are the same (Celery's Django fixup still finds ``CELERY_DB_REUSE_MAX``); only a
-    setting changed after Celery read them (``override_settings``) no longer reaches it, and
-    none needs to.
-    """
-    from django.conf import settings
-
-    celery_settings = {name: getattr(settings, name) for name in dir(settings)
-                       if name.startswith("CELERY_")}
-    sender.config_from_object(celery_settings, namespace="CELERY")
 
 
 @worker_init.connect

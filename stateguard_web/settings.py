@@ -163,11 +163,14 @@ if DATABASE_POOL and DATABASES["default"]["ENGINE"] == "django.db.backends.postg
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": DATABASE_POOL, "max_size": DATABASE_POOL}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-    # Lets psycopg prepare statements (Django turns that off unless asked). Django's own
-    # cursors bind client-side and are never prepared; the API's hottest lookups and the
-    # submission's INSERT (stateguard_web/precompiled.py) are, at their first use on a
-    # connection: on a pooled one they then skip PostgreSQL's planning, most of their cost (P6).
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("prepare_threshold", 5)
+    # Queries go to PostgreSQL with their values apart (server-side binding; Django binds
+    # client-side unless asked), so a query's text is the same whatever its values, and
+    # psycopg prepares one that a connection has run prepare_threshold times (Django turns
+    # that off unless asked): on a pooled or kept connection PostgreSQL then skips planning
+    # it, most of the cost of the API's lookups (P6, docs/benchmarks.md). A migration that
+    # changes a column's type wants the processes restarted (docs/deploy.md).
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("server_side_binding", True)
+    DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 5)
 # Seconds a worker process keeps its database connection between tasks; 0 opens one per task.
 WORKER_CONN_MAX_AGE = env.int("WORKER_CONN_MAX_AGE", default=300)
 # Celery's Django fixup closes a worker's connections after every task unless this is set (it
@@ -235,10 +238,6 @@ CACHES = {
 
 # Celery (read by stateguard_web/celery.py with namespace="CELERY").
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
-# kombu's Redis transport with one Redis client per channel instead of one per publish
-# (stateguard_web/broker.py); other schemes (rediss, sentinel, ...) keep kombu's own.
-if CELERY_BROKER_URL.startswith("redis://"):
-    CELERY_BROKER_TRANSPORT = "stateguard_web.broker:Transport"
 # No result backend by default: tasks take ids and write their outcome to the database.
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=None)
 CELERY_TASK_IGNORE_RESULT = CELERY_RESULT_BACKEND is None

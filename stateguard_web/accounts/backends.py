@@ -5,8 +5,8 @@ Every API request asks whether its user may do what it asks (``access``), which 
 permissions once per request: Django reads those granted to the user and those of its groups
 (the roles) in two queries. Here one query reads both, into the same per-user cache that
 ``ModelBackend`` keeps (``_perm_cache``), so ``has_perm`` and the admin answer as before. A query
-that reads a user may read its permissions along with it (``permission_names``,
-``remember_permissions``): an API key's lookup does, so a request with a key asks once.
+that reads a user may read its permissions along with it (``remember_permissions``): an API
+key's lookup does (``selectors.api_key_find``), so a request with a key asks once.
 """
 
 from __future__ import annotations
@@ -16,30 +16,19 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.backends import ModelBackend as DjangoModelBackend
 from django.contrib.auth.models import Group, Permission
-from django.db.models import Expression, F, OuterRef, Q, QuerySet, Value
-from django.db.models.functions import Concat
+from django.db.models import Q, QuerySet
 
 
-def granted(user_id: int | Expression) -> QuerySet[Permission]:
-    """The permissions given to the user ``user_id`` (a value, or ``OuterRef("user_id")`` in
-    a subquery): its own and its groups'."""
-    if isinstance(user_id, OuterRef):  # seen from the subqueries below: one level further
-        user_id = OuterRef(user_id)
+def granted(user_id: int) -> QuerySet[Permission]:
+    """The permissions given to the user ``user_id``: its own and its groups'."""
     own = get_user_model().user_permissions.through.objects.filter(user_id=user_id)
     of_groups = Group.permissions.through.objects.filter(group__user=user_id)
     return Permission.objects.filter(Q(pk__in=own.values("permission_id"))
                                      | Q(pk__in=of_groups.values("permission_id"))).order_by()
 
 
-def permission_names(user_id: int | Expression) -> QuerySet[Permission]:
-    """``granted`` as ``app_label.codename`` names, in a column ``perm``: what an outer query
-    annotates itself with (``ArraySubquery``) to read a user's permissions along with it."""
-    return granted(user_id).values(
-        perm=Concat(F("content_type__app_label"), Value("."), F("codename")))
-
-
 def remember_permissions(user_obj: Any, names: list[str] | None) -> None:
-    """Give ``user_obj`` the permissions an outer query read for it (``permission_names``),
+    """Give ``user_obj`` the permissions a query read along with it (``app_label.codename``),
     so that ``has_perm`` asks nothing more. A superuser's are left to be read if asked (they
     are every permission, not what was granted)."""
     if names is not None and user_obj.is_active and not user_obj.is_superuser:

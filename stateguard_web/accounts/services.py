@@ -15,17 +15,14 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group, Permission
-from django.contrib.postgres.expressions import ArraySubquery
-from django.contrib.postgres.fields import ArrayField
-from django.db import IntegrityError, connection, transaction
-from django.db.models import OuterRef, Q, TextField
+from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from stateguard_web.accounts import throttle
-from stateguard_web.accounts.backends import permission_names, remember_permissions
+from stateguard_web.accounts import selectors, throttle
+from stateguard_web.accounts.backends import remember_permissions
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.roles import ROLES, Role
-from stateguard_web.precompiled import CompiledGet
 from stateguard_web.sagas.models import AuditEvent
 
 __all__ = ["KEY_PREFIX", "KeyRefused", "UnknownRole", "api_key_authenticate", "api_key_create",
@@ -38,12 +35,6 @@ _KEY_SHAPE = re.compile(r"sg_[0-9a-f]{8}_[A-Za-z0-9_-]{1,100}")
 # request (an agent polling a run would otherwise write on every poll).
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 _DUMMY_HASH = hashlib.sha256(b"no such key").hexdigest()
-# A key by its prefix, with its user and (PostgreSQL) the user's permissions in the same query,
-# its SQL compiled once (precompiled.py): every request with a key makes this query.
-_KEY = CompiledGet(lambda prefix: ApiKey.objects.select_related("user").filter(
-    prefix=prefix).annotate(perms=ArraySubquery(permission_names(OuterRef("user_id")),
-                                                output_field=ArrayField(TextField()))),
-    marker="sg_precompiled")
 
 
 class KeyRefused(Exception):
@@ -125,15 +116,9 @@ def api_key_authenticate(raw: str, *, address: str | None) -> ApiKey:
     lock = throttle.lock_of(by_address + by_key)
     if lock is not None and lock.counter in by_address:
         raise lock
-    key = None
+    key, perms = None, None
     if _KEY_SHAPE.fullmatch(raw):  # nothing else reaches the database
-        try:
-            if connection.vendor == "postgresql":
-                key = _KEY.get(prefix)
-            else:
-                key = ApiKey.objects.select_related("user").get(prefix=prefix)
-        except ApiKey.DoesNotExist:
-            pass
+        key, perms = selectors.api_key_find(prefix=prefix) or (None, None)
     # Compare a hash even when no key has this prefix, so that both take the same time.
     if not hmac.compare_digest(_hash(raw), key.hashed if key else _DUMMY_HASH) or key is None:
         started = throttle.fail(by_address + (by_key if key is not None else []),
@@ -148,7 +133,7 @@ def api_key_authenticate(raw: str, *, address: str | None) -> ApiKey:
         raise KeyRefused("API key expired")
     if not key.user.is_active:
         raise KeyRefused("the API key's user is inactive")
-    remember_permissions(key.user, getattr(key, "perms", None))
+    remember_permissions(key.user, perms)
     now = timezone.now()
     if key.last_used_at is None or key.last_used_at < now - LAST_USED_RESOLUTION:
         # Conditional, so that of the requests that saw a stale value only one writes.

@@ -5,16 +5,17 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from django.contrib.postgres.expressions import ArraySubquery
+from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import OuterRef, Q, QuerySet, TextField
-from django.db.models.functions import Cast, JSONObject
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from stateguard.instrument import node_tags
 from stateguard.tools import tool_nodes, tools_of
-from stateguard_web.precompiled import CompiledGet
+from stateguard_web.lib import rows as sql_rows
 from stateguard_web.sagas import runtime
 from stateguard_web.sagas.models import (
     Approval,
@@ -37,13 +38,13 @@ class NotFound(LookupError):
 
 def run_get(*, code: str | uuid.UUID, detail: bool = False) -> Run:
     """The run ``code``, with its submitter (a run's summary names it). With ``detail``, on
-    PostgreSQL, also everything ``run_detail`` shows, in the same query (``_HISTORY``): one
-    query instead of seven."""
+    PostgreSQL, also everything ``run_detail`` shows, in the same query (``_detail_sql``):
+    one query instead of seven."""
     try:
         code = uuid.UUID(str(code))
-        if connection.vendor != "postgresql":
-            return Run.objects.select_related("submitted_by").get(code=code)
-        return (_RUN_DETAIL if detail else _RUN).get(code)
+        if detail and connection.vendor == "postgresql":
+            return _run_with_history(code)
+        return Run.objects.select_related("submitted_by").get(code=code)
     except (ValueError, Run.DoesNotExist) as exc:
         raise RunNotFound(f"no run {code}") from exc
 
@@ -112,48 +113,74 @@ _TIMES = frozenset({"started_at", "finished_at", "created_at", "updated_at", "re
                     "requested_at", "decided_at", "retry_at"})
 
 
-def _history(run: Run | OuterRef, as_json: bool) -> dict[str, QuerySet[Any]]:
-    """Each relation ``run_detail`` shows of ``run`` (a run, or ``OuterRef("pk")``), in its
-    order: rows of values, or (``as_json``) one JSON object per row, a compensation's with its
-    attempts in it. A compensation's ``step_id`` is its step's (``step__step_id``)."""
+def _history(run: Run) -> dict[str, QuerySet[Any]]:
+    """Each relation ``run_detail`` shows of ``run``, in its order, as rows of values; a
+    compensation's ``step_id`` is its step's (``step__step_id``). ``_detail_sql`` reads the
+    same in one statement on PostgreSQL."""
     def rows(queryset: QuerySet[Any], fields: tuple[str, ...], *order: str,
-             **columns: Any) -> QuerySet[Any]:
-        queryset = queryset.order_by(*order)
-        if not as_json:
-            return queryset.values(*(columns.get(f, f) for f in fields))
-        return queryset.values(json=JSONObject(**{**{f: f for f in fields}, **columns}))
+             **columns: str) -> QuerySet[Any]:
+        return queryset.order_by(*order).values(*(columns.get(f, f) for f in fields))
 
-    comps = Compensation.objects.filter(run=run)
-    if as_json:
-        attempts = rows(CompensationAttempt.objects.filter(compensation=OuterRef("pk")),
-                        _ATTEMPT, "number")
-        comps = rows(comps, _COMPENSATION, "created_at", "pk", step_id="step__step_id",
-                     attempts=ArraySubquery(attempts))
-    else:
-        comps = rows(comps, _COMPENSATION, "created_at", "pk", step_id="step__step_id")
     return {
         "steps": rows(Step.objects.filter(run=run), _STEP, "started_at", "pk"),
-        "compensations": comps,
+        "compensations": rows(Compensation.objects.filter(run=run), _COMPENSATION, "created_at",
+                              "pk", step_id="step__step_id"),
         "effects": rows(Effect.objects.filter(run=run), _EFFECT, "recorded_at", "pk"),
         "approvals": rows(Approval.objects.filter(run=run), _APPROVAL, "requested_at", "pk"),
         "audit": rows(AuditEvent.objects.filter(run=run), _AUDIT, "created_at", "pk"),
     }
 
 
-# A run by its code with its submitter; and with its history as one JSON object of arrays
-# (PostgreSQL). Every API read of a run makes one of these: their SQL is compiled once
-# (precompiled.py).
-_MARKER = uuid.UUID(int=0)
+def _json_rows(source: str, fields: tuple[str, ...], where: str, order: str,
+               columns: dict[str, str] | None = None) -> str:
+    """SQL for the rows of ``source`` that match ``where``, in ``order``, as an array of JSON
+    objects: one key per field, its value the column of that name, or ``columns[field]``."""
+    quote = connection.ops.quote_name  # "update" is a keyword
+    pairs = ", ".join(f"'{f}', {(columns or {}).get(f, quote(f))}" for f in fields)
+    return f"ARRAY(SELECT json_build_object({pairs}) FROM {source} WHERE {where} ORDER BY {order})"
 
 
-def _run_by_code(code: uuid.UUID) -> QuerySet[Run]:
-    return Run.objects.select_related("submitted_by").filter(code=code)
+@cache
+def _detail_sql() -> str:
+    """A run by its code, its submitter, and what ``run_detail`` shows of its relations as one
+    JSON object of arrays (``_history``'s, in its orders). Plain SQL, made once per process:
+    the ORM built and compiled this query anew on each call at ~25 times the CPU of running
+    it (P6, docs/benchmarks.md); its text the same on every call, psycopg prepares it."""
+    def table(model: type[Any]) -> str:
+        return str(model._meta.db_table)
+
+    attempts = _json_rows(table(CompensationAttempt), _ATTEMPT, "compensation_id = c.id",
+                          "number")
+    history = {
+        "steps": _json_rows(table(Step), _STEP, "run_id = r.id", "started_at, id"),
+        "compensations": _json_rows(
+            f"{table(Compensation)} c JOIN {table(Step)} s ON s.id = c.step_id",
+            (*_COMPENSATION, "attempts"), "c.run_id = r.id", "c.created_at, c.id",
+            {**{f: f"c.{connection.ops.quote_name(f)}" for f in _COMPENSATION},
+             "step_id": "s.step_id",
+             "attempts": attempts}),
+        "effects": _json_rows(table(Effect), _EFFECT, "run_id = r.id", "recorded_at, id"),
+        "approvals": _json_rows(table(Approval), _APPROVAL, "run_id = r.id",
+                                "requested_at, id"),
+        "audit": _json_rows(table(AuditEvent), _AUDIT, "run_id = r.id", "created_at, id"),
+    }
+    as_json = ", ".join(f"'{name}', {rows}" for name, rows in history.items())
+    user = get_user_model()
+    return (f"SELECT {sql_rows.columns(Run, 'r')}, {sql_rows.columns(user, 'u')}, "
+            f"json_build_object({as_json}) FROM {table(Run)} r "
+            f"LEFT JOIN {table(user)} u ON u.id = r.submitted_by_id WHERE r.code = %s")
 
 
-_RUN = CompiledGet(_run_by_code, marker=_MARKER)
-_RUN_DETAIL = CompiledGet(lambda code: _run_by_code(code).annotate(detail_history=JSONObject(**{
-    name: ArraySubquery(rows) for name, rows in _history(OuterRef("pk"), as_json=True).items()
-})), marker=_MARKER)
+def _run_with_history(code: uuid.UUID) -> Run:
+    with connection.cursor() as cursor:
+        cursor.execute(_detail_sql(), [code])
+        row = cursor.fetchone()
+    if row is None:
+        raise Run.DoesNotExist(f"no run {code}")
+    (run, submitter), (history,) = sql_rows.read(row, Run, get_user_model())
+    run.submitted_by = submitter
+    run.detail_history = history
+    return run
 
 
 def _read_history(run: Run) -> dict[str, list[dict[str, Any]]]:
@@ -161,7 +188,7 @@ def _read_history(run: Run) -> dict[str, list[dict[str, Any]]]:
     ``run_get(detail=True)``, or now (another database, a run found otherwise)."""
     if hasattr(run, "detail_history"):
         return run.detail_history  # type: ignore[no-any-return]
-    history = {name: list(rows) for name, rows in _history(run, as_json=False).items()}
+    history = {name: list(rows) for name, rows in _history(run).items()}
     attempts: dict[int, list[dict[str, Any]]] = {}
     if history["compensations"]:
         for attempt in CompensationAttempt.objects.filter(compensation__run=run).order_by(

@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
-from stateguard_web.sagas import events, runtime, submission, tasks
+from stateguard_web.sagas import events, runtime, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 
@@ -116,13 +116,10 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
               submission_hash=fingerprint)
     event = _audit_event(None, by, "run.submitted", agent=agent)
     try:
-        if connection.vendor == "postgresql":  # both rows in one statement (submission.py)
-            submission.insert_submitted(run, event)
-        else:
-            with transaction.atomic():
-                run.save()
-                event.run = run
-                event.save()
+        with transaction.atomic():  # the run and its audit event, together or not at all
+            run.save()
+            event.run = run
+            event.save()
     except IntegrityError:
         first = Run.objects.filter(submitted_by=user, idempotency_key=key).first() if key else None
         if first is None:

@@ -28,7 +28,6 @@ from stateguard.lifecycle import LIVE, Action, refusal
 from stateguard_web.sagas import events
 from stateguard_web.sagas.journal import LeaseLost
 from stateguard_web.sagas.models import AuditEvent, Compensation, Run
-from stateguard_web.sagas.queueing import QueuedByOneLpush
 
 logger = logging.getLogger("stateguard.tasks")
 _ACTION_RETRY = {"countdown": 2, "max_retries": 60}  # two minutes of a busy run
@@ -106,7 +105,7 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
             logger.warning("run %s: %s refused: %s", run.code, request, message)
 
 
-@shared_task(acks_late=True, base=QueuedByOneLpush)  # a submission's delay(): one LPUSH
+@shared_task(acks_late=True)
 def run_execute(run_pk: int) -> None:
     # Only a pending run starts: a duplicate delivery, or a delivery after the run finished,
     # must not start the graph again from its input (that would repeat every effect). The guard

@@ -1,29 +1,34 @@
-"""The Celery app's configuration (stateguard_web/celery.py, settings.py) and its broker transport
-(stateguard_web/broker.py): what keeps a submission's publish cheap, and what that relies on.
+"""The Celery app's configuration (stateguard_web/celery.py, settings.py), and how a submission
+queues its run: Celery's own publish, after the commit, seen by Celery's publish signals (what
+Sentry, OpenTelemetry and Flower hook into).
 
-That a submitted run is still picked up and run by a real worker is tested end to end in
+That a queued run is picked up and run by a real worker is tested end to end in
 tests/web/api/test_end_to_end.py (over HTTP) and tests/web/test_workers.py.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import redis
+from celery.result import EagerResult
+from celery.signals import after_task_publish, before_task_publish
 from django.conf import settings
-from kombu.transport import redis as kombu_redis
+from django.db import transaction
+from django.test import TestCase, override_settings
 
-from stateguard_web import broker
 from stateguard_web.celery import app
-from stateguard_web.sagas import tasks
+from stateguard_web.sagas import services, tasks
+from stateguard_web.sagas.models import Run
 
 
 def on_new_threads(*calls: Callable[[], Any]) -> list[Any]:
-    """Each call on a thread of its own, as Daphne runs each request; their results."""
+    """Each call on a thread of its own, as a web server may run each request; their results."""
     results: list[Any] = []
     for call in calls:
         thread = threading.Thread(target=lambda call=call: results.append(call()))
@@ -42,6 +47,17 @@ def test_it_gives_celery_every_celery_setting() -> None:
     assert app.conf.beat_schedule == settings.CELERY_BEAT_SCHEDULE
 
 
+def test_it_reads_settings_that_a_test_overrides(queue: redis.Redis) -> None:
+    with override_settings(CELERY_TASK_ALWAYS_EAGER=True, CELERY_TASK_DEFAULT_PRIORITY=3):
+        assert app.conf.task_default_priority == 3
+        # Run here, not queued: no run 0, so run_execute finds nothing to start.
+        assert isinstance(tasks.run_execute.delay(0), EagerResult)
+    assert app.conf.task_default_priority is None
+    assert queue.llen("celery") == 0
+    tasks.run_execute.delay(0)
+    assert queue.llen("celery") == 1
+
+
 def test_it_keeps_one_result_backend_for_all_threads() -> None:
     # Without a result backend, Celery would build a disabled one on each thread that publishes.
     first, second = on_new_threads(lambda: app.backend, lambda: app.backend)
@@ -49,42 +65,52 @@ def test_it_keeps_one_result_backend_for_all_threads() -> None:
     assert type(first).__name__ == "DisabledBackend"
 
 
-def test_it_publishes_a_run_from_new_threads_through_one_redis_client(
-        queue: redis.Redis) -> None:
-    assert settings.CELERY_BROKER_URL.startswith("redis://")
-    clients = on_new_threads(*[lambda pk=pk: _publish_and_get_client(pk) for pk in (7, 8)])
+@pytest.mark.usefixtures("queue")
+class QueueingTests(TestCase):
+    """A submission queues one ``run_execute`` message, by Celery's own publish, once its rows
+    are committed; none when its transaction rolls back."""
 
-    assert isinstance(clients[0], redis.Redis)
-    assert clients[0] is clients[1]  # kombu's channel would make one per publish
-    messages = [json.loads(m) for m in queue.lrange("celery", 0, -1)][::-1]  # LPUSH: newest first
-    assert [(m["headers"]["task"], m["headers"]["argsrepr"],
-             m["properties"]["delivery_info"]["routing_key"]) for m in messages] == [
-        ("stateguard_web.sagas.tasks.run_execute", "(7,)", "celery"),
-        ("stateguard_web.sagas.tasks.run_execute", "(8,)", "celery"),
-    ]
+    def setUp(self) -> None:
+        self.signals: list[tuple[str, str]] = []  # (signal, task id)
+        self.broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        for signal, name in ((before_task_publish, "before"), (after_task_publish, "after")):
+            signal.connect(self.published(name), weak=False, dispatch_uid=f"test-{name}")
+            self.addCleanup(signal.disconnect, dispatch_uid=f"test-{name}")
 
+    def published(self, name: str) -> Callable[..., None]:
+        def receiver(sender: str, headers: dict[str, Any], **_: Any) -> None:
+            if sender == tasks.run_execute.name:
+                self.signals.append((name, headers["id"]))
+        return receiver
 
-def _publish_and_get_client(pk: int) -> Any:
-    tasks.run_execute.delay(pk)
-    with app.producer_or_acquire() as producer:
-        assert isinstance(producer.channel, broker.Channel)
-        return producer.channel._own_client
+    def messages(self) -> list[dict[str, Any]]:
+        # LPUSH: newest first
+        return [json.loads(m) for m in self.broker.lrange("celery", 0, -1)][::-1]
 
+    @contextmanager
+    def nothing_queued_yet(self) -> Iterator[None]:
+        with self.captureOnCommitCallbacks(execute=True):
+            yield
+            assert self.messages() == [] and self.signals == []  # not before the commit
 
-def test_it_finds_the_kombu_internals_its_broker_transport_relies_on() -> None:
-    # broker.Channel overrides conn_or_acquire(client=None) and calls _create_client() and
-    # pool: if kombu renames them, the override silently stops applying (or breaks).
-    assert issubclass(broker.Channel, kombu_redis.Channel)
-    own = inspect.signature(kombu_redis.Channel.conn_or_acquire).parameters
-    assert list(own) == ["self", "client"]
-    assert list(inspect.signature(kombu_redis.Channel._create_client).parameters) == [
-        "self", "asynchronous"]
-    assert isinstance(inspect.getattr_static(kombu_redis.Channel, "pool"), property)
-    assert broker.Transport.Channel is broker.Channel
-    # broker.Channel._put reports each message (sagas/queueing.py) with the list it went to.
-    assert list(inspect.signature(kombu_redis.Channel._put).parameters) == [
-        "self", "queue", "message", "kwargs"]
-    assert list(inspect.signature(kombu_redis.Channel._q_for_pri).parameters) == [
-        "self", "queue", "pri"]
-    assert "reverse" in inspect.signature(kombu_redis.Channel._get_message_priority).parameters
-    assert "_expires" in inspect.getsource(kombu_redis.Channel._put)
+    def test_it_queues_each_submitted_run_once_after_commit_by_celerys_publish(self) -> None:
+        with self.nothing_queued_yet(), transaction.atomic():
+            runs = [services.run_submit(agent="provision", input={"name": f"q-{n}"})
+                    for n in range(3)]
+        messages = self.messages()
+        assert [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in messages] == [
+            (tasks.run_execute.name, f"({run.pk},)") for run in runs]
+        ids = [m["headers"]["id"] for m in messages]
+        assert len(set(ids)) == 3
+        # Each publish went through Celery: both signals, for each message, in order.
+        assert self.signals == [(name, id_) for id_ in ids for name in ("before", "after")]
+
+    def test_it_queues_nothing_when_the_submission_rolls_back(self) -> None:
+        class Abandoned(Exception):
+            pass
+
+        with self.nothing_queued_yet(), pytest.raises(Abandoned), transaction.atomic():
+            services.run_submit(agent="provision", input={"name": "q-gone"})
+            raise Abandoned
+        assert self.messages() == [] and self.signals == []
+        assert not Run.objects.exists()

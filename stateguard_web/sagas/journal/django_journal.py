@@ -57,12 +57,15 @@ _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
 # PostgreSQL the row is locked FOR SHARE, so a takeover committing meanwhile makes the check
 # wait and fail instead of passing on a stale snapshot; SQLite runs one writer at a time.
 _SHARE = " FOR SHARE" if connection.vendor == "postgresql" else ""
-_FENCE = f"SELECT id FROM {_RUN} WHERE code = %s AND (%s IS NULL OR fencing_token = %s){_SHARE}"
+# Our fencing token, or NULL (no lease). Typed: PostgreSQL binds the values apart from the
+# text (settings.py) and cannot tell the type of a bare NULL.
+_OURS = "(CAST(%s AS bigint) IS NULL OR fencing_token = %s)"
+_FENCE = f"SELECT id FROM {_RUN} WHERE code = %s AND {_OURS}{_SHARE}"
 # Insert the step, or restart it: prev_status keeps the status it had before this start.
 _STEP_START = f"""
 INSERT INTO {_STEP} (run_id, step_id, node, tags, status, attempt, started_at)
 SELECT id, %s, %s, %s, 'started', 1, %s FROM {_RUN}
-WHERE code = %s AND (%s IS NULL OR fencing_token = %s){_SHARE}
+WHERE code = %s AND {_OURS}{_SHARE}
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     prev_status = {_STEP}.status, status = 'started', attempt = {_STEP}.attempt + 1,
     node = excluded.node, tags = excluded.tags, started_at = excluded.started_at,
@@ -97,7 +100,7 @@ _SET_STATUS = f"""
 UPDATE {_RUN} SET status = %s, updated_at = %s, error = CASE WHEN %s THEN %s ELSE error END,
     lease_owner = CASE WHEN %s THEN '' ELSE lease_owner END,
     lease_expires_at = CASE WHEN %s THEN NULL ELSE lease_expires_at END
-WHERE code = %s AND (%s IS NULL OR fencing_token = %s) AND status IN ({{sources}})"""
+WHERE code = %s AND {_OURS} AND status IN ({{sources}})"""
 
 
 def _set_status_sql(status: RunStatus) -> str:

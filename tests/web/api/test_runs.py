@@ -7,6 +7,7 @@ import uuid
 from datetime import timedelta
 from unittest import mock
 
+from django.db.models.signals import post_save
 from django.test import Client
 from django.utils import timezone
 
@@ -294,13 +295,23 @@ class QueryTests(World):
         with self.assertNumQueries(2):  # someone else's: found, then refused as not there
             assert self.call("bob", "GET", path).status_code == 404
 
-    def test_a_submission_is_the_key_and_one_statement_for_the_run_and_its_audit(
+    def test_a_submission_is_the_key_then_the_run_and_its_audit_event_saved_together(
             self) -> None:
         self.call("alice", "GET", "/api/agents")
-        with self.assertNumQueries(4) as queries:  # the key; SAVEPOINT, one INSERT, RELEASE
+        saved: list[tuple[str, bool]] = []
+
+        def on_save(sender: type, created: bool, **_: object) -> None:
+            saved.append((sender.__name__, created))
+
+        post_save.connect(on_save, weak=False, dispatch_uid="test-submission")
+        self.addCleanup(post_save.disconnect, dispatch_uid="test-submission")
+        with self.assertNumQueries(5) as queries:  # the key; SAVEPOINT, 2 INSERTs, RELEASE
             response = self.call("alice", "POST", "/api/runs", PROVISION)
         assert response.status_code == 201
-        assert queries.captured_queries[2]["sql"].startswith("WITH new_run AS (INSERT")
+        assert [q["sql"].split()[0] for q in queries.captured_queries] == [
+            "SELECT", "SAVEPOINT", "INSERT", "INSERT", "RELEASE"]
+        # Both through their models' save(): signals (and AuditEvent.save()'s rules) apply.
+        assert saved == [("Run", True), ("AuditEvent", True)]
         run = Run.objects.get(code=response.json()["code"])
         event = AuditEvent.objects.get(run=run)
         assert (event.run_code, event.action, event.actor, event.data) == (
