@@ -36,11 +36,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# The whole suite, on every core (pytest-xdist; tests of one xdist_group share a worker).
+# The whole suite, on every core (pytest-xdist; an idle worker takes tests from a busy one).
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -n auto --dist loadgroup --durations=25
+	$(BIN)/python -m pytest -n auto --dist worksteal --durations=25
 
 # The fast lane, about a minute: lint, types, and the tests that run in this process.
 check: venv

@@ -28,9 +28,6 @@ import pytest
 
 from tests.conftest import _port_answers
 
-# One at a time, whatever runs beside them: the last binds make run's fixed port 6390.
-pytestmark = pytest.mark.xdist_group("fixed-ports")
-
 ROOT = Path(__file__).resolve().parent.parent
 SUPERVISE = ROOT / "tools" / "supervise.py"
 PY = shlex.quote(sys.executable)

@@ -35,8 +35,8 @@ from tests.core.support import FAST_RETRY, LineState, config
 from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
 
 RUNS_UNDER_LOAD = 200
-THREADS, ROUNDS = 20, 30  # PostgreSQL; SQLite serialises its writers, so fewer rounds there
-SQLITE_ROUNDS = 10
+THREADS, ROUNDS = 20, 10  # PostgreSQL; SQLite serialises its writers, so fewer rounds there
+SQLITE_ROUNDS = 5
 
 
 def loop_builder(effects: list[str], lock: threading.Lock | None = None
@@ -155,7 +155,7 @@ def hammer(saver: Any, journal: Any, prefix: str, rounds: int = ROUNDS) -> list[
             if order != ["ch3", "ch2", "ch1"]]
 
 
-@pytest.mark.slow  # 20 threads x 10 rounds
+@pytest.mark.slow  # 20 threads x 5 rounds
 def test_it_keeps_the_order_for_20_threads_through_one_guard_on_sqlite(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "cp.db", check_same_thread=False)
     try:
@@ -165,7 +165,7 @@ def test_it_keeps_the_order_for_20_threads_through_one_guard_on_sqlite(tmp_path:
         conn.close()
 
 
-@pytest.mark.slow  # 20 threads x 30 rounds
+@pytest.mark.slow  # 20 threads x 10 rounds
 def test_it_keeps_the_order_for_20_threads_through_one_guard_on_postgres(
         pg_dsn: str) -> None:  # noqa: F811
     with ConnectionPool(pg_dsn, min_size=4, max_size=THREADS,
