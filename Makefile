@@ -40,12 +40,14 @@ typecheck: venv
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n auto --dist worksteal --durations=25
 
-# The fast lane, about a minute: lint, types, and the tests that run in this process.
+# The fast lane, about a minute: lint, types, layers, and the tests that run in this process.
 check: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest tests/core tests/agents -m "not slow" -n auto -q
 
 run: venv

@@ -29,7 +29,7 @@ def bare_run(batch: str) -> None:
 def _graph() -> Any:
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    from stateguard_web.sagas.runtime import checkpoint_pool
+    from stateguard_web.runs.runtime import checkpoint_pool
 
     # LangGraph's own saver on the same pool of connections as the guarded runs
     return build().compile(checkpointer=PostgresSaver(checkpoint_pool()))

@@ -46,7 +46,7 @@ def main() -> None:
     import redis
 
     from stateguard_web.celery import app
-    from stateguard_web.sagas.tasks import run_execute
+    from stateguard_web.runs.tasks import run_execute
 
     broker = redis.Redis.from_url(args.broker)
     queue = app.conf.task_default_queue

@@ -94,7 +94,7 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from stateguard_web.sagas.metrics import JournalCollector
+    from stateguard_web.monitoring.journal_metrics import JournalCollector
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM sagas_step")

@@ -33,7 +33,7 @@ def cpu_per_run(side: Callable[[int], None], n: int) -> tuple[float, float]:
 
 
 def guarded(n: int) -> None:
-    from stateguard_web.sagas import tasks
+    from stateguard_web.runs import tasks
     from stateguard_web.sagas.models import Run
 
     for run in Run.objects.bulk_create([Run(agent="noop5", input={"n": 0}) for _ in range(n)]):

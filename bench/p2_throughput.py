@@ -50,7 +50,7 @@ def setup_database() -> None:
 def guarded_round(n: int, cpu: dict[str, list[float]]) -> float:
     from django.db.models import Max, Min
 
-    from stateguard_web.sagas import tasks
+    from stateguard_web.runs import tasks
     from stateguard_web.sagas.models import Run, Step
 
     runs = Run.objects.bulk_create([Run(agent="noop5", input={"n": 0}) for _ in range(n)])

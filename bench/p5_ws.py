@@ -289,7 +289,7 @@ def wait_done(pks: list[int], timeout: float = 120) -> None:
 
 def one_client(clients: Clients, n: int) -> list[tuple[Any, ...]]:
     """n runs, one at a time, each watched by one client on its page's socket."""
-    from stateguard_web.sagas import tasks
+    from stateguard_web.runs import tasks
 
     records = []
     for run in new_runs(n):
@@ -302,7 +302,7 @@ def one_client(clients: Clients, n: int) -> list[tuple[Any, ...]]:
 
 def many_clients(clients: Clients, n_clients: int, n: int, rate: float) -> list[tuple[Any, ...]]:
     """n runs submitted at ``rate`` per second while n_clients watch the runs list."""
-    from stateguard_web.sagas import tasks
+    from stateguard_web.runs import tasks
 
     runs = new_runs(n)
     clients.connect(["/ws/runs/"] * n_clients)

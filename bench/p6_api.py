@@ -102,7 +102,7 @@ def make_runs(n: int, submitter: str) -> list[str]:
     and stopped here): five steps each, with their audit trail."""
     from django.contrib.auth import get_user_model
 
-    from stateguard_web.sagas import services
+    from stateguard_web.runs import services
     from stateguard_web.sagas.models import Run
 
     user = get_user_model().objects.get(username=submitter)

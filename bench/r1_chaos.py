@@ -295,7 +295,7 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
     """Start beat and the workers, submit the runs under kills and wait for them to end."""
     from django.conf import settings
 
-    from stateguard_web.sagas import services
+    from stateguard_web.runs import services
     from stateguard_web.sagas.models import Run
 
     kill_every, restart_after = parse_range(args.kill_every), parse_range(args.restart_after)

@@ -82,6 +82,9 @@ LIVE = TRANSITIONS[Action.RECOVER].sources
 
 # Statuses of a run that owes nothing to anyone: finished.
 FINISHED = frozenset({S.SUCCEEDED, S.COMPENSATED})
+# Statuses of a run held for a person: a failed run (retry it, or compensate it) and one whose
+# undo failed or that a worker could not go on with (needs attention). The operators' inbox.
+ATTENTION = frozenset({S.NEEDS_ATTENTION, S.FAILED})
 # Statuses after which a thread's next invoke starts a new turn: a saga of its own (with a
 # journal that keeps turns apart). A failed, paused or needs-attention run is continued
 # (retry, approve, compensate, resolve) instead.

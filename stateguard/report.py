@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from stateguard.exceptions import CompensationFailed
 from stateguard.records import STUCK_COMPENSATIONS, CompensationStatus, ErrorInfo
 
 
@@ -50,8 +51,6 @@ class UnwindReport:
 
     def raise_if_needs_attention(self) -> None:
         """Raise ``CompensationFailed`` for the first effect that could not be undone."""
-        from stateguard.exceptions import CompensationFailed
-
         for o in self.outcomes:
             if o.status in STUCK_COMPENSATIONS:
                 raise CompensationFailed(o.node, [str(e) for e in o.errors])

@@ -13,7 +13,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import task_prerun, worker_init
 
-from stateguard_web.heartbeat import HeartbeatStep
+from stateguard_web.monitoring.heartbeat import HeartbeatStep
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
 

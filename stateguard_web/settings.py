@@ -57,7 +57,7 @@ HTTPS_ONLY = env.bool("HTTPS_ONLY", default=not DEBUG)
 SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=HTTPS_ONLY)
 # Health checks (a load balancer, a container runtime) reach the web server directly over plain
 # HTTP; a redirect would read as "unhealthy". /healthz says only that the app and database answer;
-# /api/health also that the broker answers and workers beat (stateguard_web/health.py).
+# /api/health also that the broker answers and workers beat (stateguard_web/monitoring/health.py).
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^api/health$"]
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=HTTPS_ONLY)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=HTTPS_ONLY)
@@ -68,7 +68,7 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", defa
 # that domain's owner can decide it, so it stays off and `check --deploy` does not ask for it.
 SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 SILENCED_SYSTEM_CHECKS = ["security.W021"]
-# Content-Security-Policy (stateguard_web/csp.py; Django 6.0's setting has this shape): scripts,
+# Content-Security-Policy (lib/csp.py; Django 6.0's setting has this shape): scripts,
 # styles, images, fonts, fetches and websockets from this site only ('self' covers ws:/wss: to
 # it), forms posted to it only, no plugins, no framing. No 'unsafe-inline': the pages keep
 # none. The browser test (tests/web/dashboard/test_browser.py) fails on any violation.
@@ -96,20 +96,25 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "ninja",  # the API docs' own JS and CSS (served from static files, not a CDN)
-    "stateguard_web.sagas",
+    # Lowest layer first (docs/architecture.md; import-linter keeps the layers, pyproject.toml).
+    "stateguard_web.sagas",  # the journal: its models, the Journal over them, live events
+    "stateguard_web.runs",  # runs carried out: workers' tasks, submissions, operator actions
+    "stateguard_web.notifications",  # operators told when a run waits for them
     "stateguard_web.accounts",
-    "stateguard_web.dashboard",  # the operator's pages and their websockets
+    "stateguard_web.batches",  # one operator action over many runs
+    "stateguard_web.monitoring",  # /api/health, /healthz, /metrics, the workers' heartbeat
     "stateguard_web.payments",  # after sagas: its admin extends the journal's Run admin
+    "stateguard_web.dashboard",  # the operator's pages and their websockets
 ]
 
 MIDDLEWARE = [
     # Outermost: counts every response under /api/ for GET /metrics, whoever made it.
-    "stateguard_web.metrics.ApiRequestsMiddleware",
+    "stateguard_web.monitoring.metrics.ApiRequestsMiddleware",
     # Before anything that validates the Host header: health checks reach Daphne by its address
-    # (Host: 10.0.0.5:8000), which ALLOWED_HOSTS does not list (stateguard_web/healthz.py).
-    "stateguard_web.healthz.healthz_middleware",
+    # (Host: 10.0.0.5:8000), which ALLOWED_HOSTS does not list (monitoring/healthz.py).
+    "stateguard_web.monitoring.healthz.healthz_middleware",
     "django.middleware.security.SecurityMiddleware",
-    "stateguard_web.csp.csp_middleware",  # SECURE_CSP, below
+    "stateguard_web.lib.csp.csp_middleware",  # SECURE_CSP, below
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -308,7 +313,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, STATEGUARD_API_MAX_BODY_BYTES)
 # Offer the benchmark agents (noop5: five steps that do nothing) for submission and execution.
 # Off for users; bench/ and the tests that measure the stack turn it on.
 STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)
-# Batches (sagas/batches.py): the most runs one batch may take; POST /api/batches refuses a
+# Batches (batches/services.py): the most runs one batch may take; POST /api/batches refuses a
 # larger selection (422). A worker goes through about a hundred runs a second.
 STATEGUARD_BATCH_MAX_RUNS = env.int("STATEGUARD_BATCH_MAX_RUNS", default=1000)
 
@@ -339,7 +344,7 @@ for _name in ("STATEGUARD_LOGIN_FAILURES_PER_ADDRESS", "STATEGUARD_LOGIN_FAILURE
     if globals()[_name] < 0:
         raise ImproperlyConfigured(f"{_name} must be 0 or more")
 
-# Notifications (sagas/notifications.py): operators are told when a run waits for an approval or
+# Notifications (notifications/services.py): operators are told when a run waits for an approval or
 # needs attention, once per event, by e-mail and/or a webhook, from a task of their own.
 # E-mail goes to these addresses; "operators" stands for every active operator (and superuser)
 # with an e-mail address. On under DEBUG (`make run` prints them: the console backend below),
@@ -380,6 +385,12 @@ CELERY_BEAT_SCHEDULE = {
         # than let them pile up while the workers are down.
         "options": {"expires": float(STATEGUARD_SWEEP_SECONDS)},
     },
+    # Batches whose worker died: another goes on with them (batches/tasks.py).
+    "sweep-stalled-batches": {
+        "task": "stateguard_web.batches.tasks.batch_sweep",
+        "schedule": float(STATEGUARD_SWEEP_SECONDS),
+        "options": {"expires": float(STATEGUARD_SWEEP_SECONDS)},
+    },
 }
 
 # Stripe. A test key talks to the local stand-in (tools/localstripe_server.py, dev only) unless
@@ -398,18 +409,19 @@ if _stripe_live_key and not STRIPE_API_BASE.startswith("https://"):
         "a test key (sk_test_...) with the local stand-in."
     )
 
-_SWEEP_TASK = CELERY_BEAT_SCHEDULE["sweep-expired-leases"]["task"]
+_SWEEP_TASKS = tuple(entry["task"] for entry in CELERY_BEAT_SCHEDULE.values())
 
 
 def _not_a_routine_sweep(record: logging.LogRecord) -> bool:
-    """Drop Celery's info lines about the lease sweep; keep everything else.
+    """Drop Celery's info lines about the sweeps; keep everything else.
 
     Every STATEGUARD_SWEEP_SECONDS beat logs "Sending due task", and the worker "received" and
     "succeeded": three lines that say the sweep looked, not what it found (the sweep logs that
     itself). The same lines about every other task, and warnings and errors about the sweep,
     still pass.
     """
-    return record.levelno > logging.INFO or _SWEEP_TASK not in record.getMessage()
+    message = record.getMessage()
+    return record.levelno > logging.INFO or not any(task in message for task in _SWEEP_TASKS)
 
 
 def _a_refusal_in_one_line(record: logging.LogRecord) -> bool:

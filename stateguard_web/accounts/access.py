@@ -29,8 +29,8 @@ from typing import Any
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 
+from stateguard_web.runs.selectors import RunNotFound
 from stateguard_web.sagas.models import Run
-from stateguard_web.sagas.selectors import RunNotFound
 
 __all__ = ["Ability", "check", "may", "reads_all_runs", "visible_runs"]
 

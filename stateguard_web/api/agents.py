@@ -10,7 +10,7 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.api.auth import principal
 from stateguard_web.api.common import errors
 from stateguard_web.api.schemas import AgentOut
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors
 
 router = Router(tags=["agents"])
 

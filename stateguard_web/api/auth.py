@@ -30,7 +30,7 @@ from ninja.utils import check_csrf
 from stateguard_web.accounts import throttle
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.services import KeyRefused, api_key_authenticate
-from stateguard_web.sagas.services import Actor, By
+from stateguard_web.runs.services import Actor, By
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """/api/batches: one action over many runs (retry, compensate, retry failed compensations).
 
 A batch is made at once (its selection frozen into runs) and carried out by a worker, run by
-run, through the same services as a single action (``sagas/batches.py``): 202 with the batch,
+run, through the same services as a single action (``batches/services.py``): 202 with the batch,
 whose ``counts`` and ``items`` say how far it is. ``dry_run`` says what it would touch.
 """
 
@@ -17,7 +17,8 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.api.auth import principal
 from stateguard_web.api.common import errors
 from stateguard_web.api.schemas import BatchIn, BatchOut, BatchPreviewOut
-from stateguard_web.sagas import batches, selectors
+from stateguard_web.batches import services as batches
+from stateguard_web.runs import selectors
 from stateguard_web.sagas.models import Batch
 
 router = Router(tags=["batches"])

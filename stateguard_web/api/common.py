@@ -12,7 +12,7 @@ from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.api.auth import Principal, principal
 from stateguard_web.api.errors import ErrorOut
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors
 from stateguard_web.sagas.models import Run
 
 

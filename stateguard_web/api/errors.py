@@ -39,7 +39,8 @@ from ninja.parser import Parser
 
 from stateguard_web.accounts.throttle import Throttled
 from stateguard_web.api.auth import CsrfFailed
-from stateguard_web.sagas import batches, selectors, services
+from stateguard_web.batches import services as batches
+from stateguard_web.runs import selectors, services
 
 logger = logging.getLogger("stateguard_web.api")
 

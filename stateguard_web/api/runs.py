@@ -29,7 +29,7 @@ from stateguard_web.api.schemas import (
     RunListOut,
     RunOut,
 )
-from stateguard_web.sagas import selectors, services
+from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import Approval, Run
 
 router = Router(tags=["runs"])

@@ -21,7 +21,7 @@ from pydantic import (
 
 from stateguard.effects import EffectStatus
 from stateguard.records import ApprovalStatus, CompensationStatus, RunStatus, StepStatus
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 from stateguard_web.sagas.models import Batch, BatchItem
 
 MAX_TEXT = 2000  # reasons and notes (services refuse longer ones too)

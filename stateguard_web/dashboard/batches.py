@@ -24,9 +24,10 @@ from django.views.decorators.http import require_POST
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
+from stateguard_web.batches import services as batches
 from stateguard_web.dashboard import labels
 from stateguard_web.dashboard.forms import RunFilterForm
-from stateguard_web.sagas import batches, selectors, services
+from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import Batch, BatchItem, Run
 
 # What each action does to one run, for the confirmation.

@@ -18,7 +18,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from stateguard_web.dashboard import labels
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 
 START, END = "__start__", "__end__"
 _ROW, _GAP, _BOX_H, _PAD = 78, 24, 46, 16

@@ -86,8 +86,8 @@ LABELS: dict[str, dict[str, Label]] = {
     },
     "effect": {
         "applied": Label("ok", "●", "applied"),
-        "partially_compensated": Label("warn", "◐", "partly undone"),
-        "compensated": Label("undo", "↩", "undone"),
+        "partially_compensated": Label("warn", "◐", "partly compensated"),
+        "compensated": Label("undo", "↩", "compensated"),
         "undoes": Label("undo", "↩", "undoes"),  # a refund: the ledger settles it "compensated"
     },
     "graph": {

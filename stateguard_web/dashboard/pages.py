@@ -16,8 +16,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from stateguard import lifecycle
-from stateguard.lifecycle import Action
-from stateguard.records import EFFECT_STATUSES
+from stateguard.lifecycle import ATTENTION, LIVE, Action
+from stateguard.records import DONE_COMPENSATIONS, EFFECT_STATUSES
 from stateguard.retry import CompensationRetry
 from stateguard.spec import GuardSpec, build_compensations
 from stateguard.unwind import plan
@@ -25,7 +25,7 @@ from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard import graph, labels
 from stateguard_web.payments import selectors as payments
-from stateguard_web.sagas import runtime, selectors
+from stateguard_web.runs import runtime, selectors
 from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
 
 PAGE_SIZE = 50
@@ -34,9 +34,6 @@ INBOX_LIMIT = 200
 # of at most this many entries, where counting every one of 100 000 runs was a full scan on
 # each page view (P5, docs/benchmarks.md). Rare statuses, the ones operators act on, stay exact.
 COUNT_CAP = 1000
-# The inboxes: runs that wait for a person. A failed run is held for an operator too (retry
-# it, or compensate it), so it is in "needs attention" beside the runs whose undo failed.
-ATTENTION = (Run.Status.NEEDS_ATTENTION, Run.Status.FAILED)
 
 
 def role_of(user: Any) -> str:
@@ -63,7 +60,7 @@ def approvals_waiting(user: Any) -> QuerySet[Approval]:
 
 def runs_needing_attention(user: Any) -> QuerySet[Run]:
     """Runs ``user`` may see that wait for an operator, the longest-waiting first."""
-    return (access.visible_runs(user).filter(status__in=ATTENTION)
+    return (access.visible_runs(user).filter(status__in=list(ATTENTION))
             .select_related("submitted_by").order_by("updated_at", "pk"))
 
 
@@ -277,7 +274,7 @@ def undo_plan(run: Run, compensations: list[Compensation]) -> list[PlannedUndo]:
         return []
     guard_spec = GuardSpec((), build_compensations(spec.compensations), {}, CompensationRetry())
     done = {c.step.step_id for c in compensations
-            if c.status in (Compensation.Status.SUCCEEDED, Compensation.Status.NOTHING_TO_UNDO)}
+            if c.status in DONE_COMPENSATIONS}
     planned = []
     for item in plan(runtime.journal(), str(run.code), guard_spec, include_in_doubt=True):
         step = item.step
@@ -315,7 +312,7 @@ def _graph(run: Run, steps: list[StepView], compensations: list[Compensation],
         return None
     states: dict[str, graph.NodeState] = {}
     undone = {c.step_id: c for c in compensations}
-    live = run.status in (Run.Status.RUNNING, Run.Status.COMPENSATING)
+    live = run.status in LIVE
     for view in steps:  # oldest first: a node's latest step wins
         step = view.step
         shown = labels.label("step", view.state)

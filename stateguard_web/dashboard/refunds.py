@@ -25,7 +25,7 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard.views import _run_for
 from stateguard_web.payments import selectors
 from stateguard_web.payments.confirmation import refund_confirm
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 
 
 @login_required

@@ -1,7 +1,7 @@
 """Is any worker alive? The banner every page shows when none is (``includes/workers.html``).
 
 Without a worker, runs stay pending and operators' requests wait, while the page itself looks
-live (its websocket is up). Workers beat into the broker's Redis (``stateguard_web.heartbeat``);
+live (its websocket is up). Workers beat into the broker's Redis (``monitoring.heartbeat``);
 this reads the beats as ``GET /api/health`` does, with one script call and a short timeout, so
 that a Redis that is down costs a page at most ``TIMEOUT`` and says so in the banner.
 """
@@ -15,9 +15,9 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from stateguard_web import heartbeat
 from stateguard_web.accounts import access
 from stateguard_web.dashboard.pages import capped_count
+from stateguard_web.monitoring import heartbeat
 from stateguard_web.sagas.models import Run
 
 TIMEOUT = 0.5  # seconds: a page waits this long for Redis at most

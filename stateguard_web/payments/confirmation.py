@@ -27,8 +27,8 @@ from stateguard_web.payments import selectors, services
 from stateguard_web.payments import stripe_client as stripe_module
 from stateguard_web.payments.forms import RefundForm, seen_token
 from stateguard_web.payments.selectors import ChargeState, ChargeUnreadable
+from stateguard_web.runs.services import By
 from stateguard_web.sagas.models import Effect, Run
-from stateguard_web.sagas.services import By
 
 __all__ = ["RefundConfirmation", "refund_confirm"]
 

@@ -33,9 +33,9 @@ from stateguard_web.payments import selectors
 from stateguard_web.payments import stripe_client as stripe_module
 from stateguard_web.payments.selectors import STRIPE, ChargeUnreadable
 from stateguard_web.payments.stripe_client import money
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
+from stateguard_web.runs.services import By, _audit
 from stateguard_web.sagas.models import Effect, Run
-from stateguard_web.sagas.services import By, _audit
 
 __all__ = ["Drift", "ReconcileError", "Report", "ledger_reconcile"]
 

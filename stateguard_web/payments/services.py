@@ -42,9 +42,8 @@ from stateguard.lifecycle import Action
 from stateguard_web.payments import selectors
 from stateguard_web.payments import stripe_client as stripe_module
 from stateguard_web.payments.selectors import ChargeState, ChargeUnreadable
-from stateguard_web.sagas import runtime
-from stateguard_web.sagas.models import Effect, Run
-from stateguard_web.sagas.services import (
+from stateguard_web.runs import runtime
+from stateguard_web.runs.services import (
     ActionNotAllowed,
     By,
     ServiceError,
@@ -53,6 +52,7 @@ from stateguard_web.sagas.services import (
     _text,
     run_resolve_by_hand,
 )
+from stateguard_web.sagas.models import Effect, Run
 
 __all__ = ["MAX_REASON", "Refund", "RefundError", "effect_refund", "run_refund"]
 

@@ -93,7 +93,7 @@ class Run(models.Model):
             # dashboard: runs of one agent, newest first
             models.Index(fields=["agent", "-created_at"], name="sagas_run_agent_created"),
             models.Index(fields=["-created_at"], name="sagas_run_created"),
-            # GET /metrics: runs that finished since the last scrape (sagas/metrics.py)
+            # GET /metrics: runs that finished since the last scrape (monitoring/journal_metrics.py)
             models.Index(fields=["finished_at"], name="sagas_run_finished",
                          condition=Q(finished_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
@@ -154,7 +154,7 @@ class Step(models.Model):
             models.UniqueConstraint(fields=["run", "step_id"], name="sagas_step_unique_task"),
         ]
         indexes = [
-            # GET /metrics: steps finished since the last scrape (sagas/metrics.py); without
+            # GET /metrics: steps finished since the last scrape (journal_metrics.py); without
             # it each scrape reads every step. Its cost per step is in docs/deploy.md.
             models.Index(fields=["finished_at"], name="sagas_step_finished",
                          condition=Q(finished_at__isnull=False)),
@@ -209,7 +209,7 @@ class CompensationAttempt(models.Model):
         ordering = ["compensation", "number"]
         constraints = [models.UniqueConstraint(fields=["compensation", "number"],
                                                name="sagas_attempt_unique_number")]
-        # GET /metrics: attempts made since the last scrape (sagas/metrics.py)
+        # GET /metrics: attempts made since the last scrape (monitoring/journal_metrics.py)
         indexes = [models.Index(fields=["finished_at"], name="sagas_attempt_finished")]
 
 
@@ -356,7 +356,7 @@ class Batch(models.Model):
 
     The selection is frozen when the batch is made: explicit runs, or the runs a filter (the
     list's: ``selectors.run_list``) matched then, one ``BatchItem`` each. ``selection`` keeps
-    what the operator asked for, to show it. See ``sagas/batches.py``."""
+    what the operator asked for, to show it. See ``batches/services.py``."""
 
     Action = BatchAction
     Status = BatchStatus
@@ -435,7 +435,7 @@ class BatchItem(models.Model):
 
 class Notification(models.Model):
     """Operators told that a run waits for them (an approval, or attention), by e-mail and/or
-    a webhook (``sagas/notifications.py``). One row per run and occurrence (``key``), made
+    a webhook (``notifications/services.py``). One row per run and occurrence (``key``), made
     by the unique constraint: a duplicate delivery of the task, or a worker that writes the
     same status again (a redo after a crash), finds the row and sends nothing more."""
 

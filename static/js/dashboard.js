@@ -266,7 +266,7 @@
   // ---- the banner that says no worker is alive: asked for again every WORKERS_EVERY ms -------
   // Nothing is published when a worker dies or starts, so the page asks (a small GET; not
   // while the page is hidden). The server renders it: includes/workers.html.
-  var WORKERS_EVERY = 15000;  // a worker beats every 15 s (stateguard_web/heartbeat.py)
+  var WORKERS_EVERY = 15000;  // a worker beats every 15 s (stateguard_web/monitoring/heartbeat.py)
   var workersTimer = null;
 
   // A live event means something ran: ask soon, not at the next round (a worker that just

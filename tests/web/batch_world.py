@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Run
 
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: Stripe is down

@@ -86,7 +86,7 @@ def sqlite_url(_sqlite_migrated: Path, tmp_path: Path) -> str:
 @pytest.fixture(autouse=True, scope="session")
 def _close_checkpoint_connection(django_db_setup: None) -> Iterator[None]:
     yield
-    from stateguard_web.sagas import runtime
+    from stateguard_web.runs import runtime
 
     runtime.close()  # else the test database cannot be dropped: "being accessed by others"
 
@@ -154,7 +154,7 @@ class Workers:
 
     def stop(self, proc: subprocess.Popen[bytes]) -> None:
         """A warm shutdown (SIGTERM), as a deployment stops a worker: it finishes its task,
-        and its heartbeat leaves the set of live workers (stateguard_web/heartbeat.py)."""
+        and its heartbeat leaves the set of live workers (monitoring/heartbeat.py)."""
         import signal
 
         os.kill(proc.pid, signal.SIGTERM)

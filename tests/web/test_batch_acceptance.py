@@ -23,7 +23,10 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import connection
 
-from stateguard_web.sagas import batches, events, services, tasks
+from stateguard_web.batches import services as batches
+from stateguard_web.batches import tasks as batch_tasks
+from stateguard_web.runs import services, tasks
+from stateguard_web.sagas import events
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Compensation, Run
 from tests.web.api.world import make_user
 from tests.web.batch_world import carry_out_requests, failed_checkouts
@@ -98,7 +101,7 @@ def test_it_compensates_each_eligible_run_of_50_once_and_skips_the_others_live(
     bob_thread = threading.Thread(target=bob_retries)
     bob_thread.start()
     while not Batch.objects.filter(pk=batch.pk, finished_at__isnull=False).exists():
-        tasks.batch_process(batch.pk)  # as the worker would (it queues itself again)
+        batch_tasks.batch_process(batch.pk)  # as the worker would (it queues itself again)
     bob_thread.join()
     carry_out_requests()
 

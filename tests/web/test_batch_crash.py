@@ -13,7 +13,7 @@ from typing import Any
 import stripe
 from django.db import connection, transaction
 
-from stateguard_web.sagas import batches
+from stateguard_web.batches import services as batches
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Compensation, Run
 from tests.web.api.world import make_user
 from tests.web.batch_world import failed_checkouts

@@ -1,4 +1,4 @@
-"""Batches (sagas/batches.py): the frozen selection, each run checked and acted on through the
+"""Batches (batches/services.py): the frozen selection, each run checked and acted on through the
 services on its own, skipped with the reason, cancel, bad selections, the lease and the
 sweeper, and two workers on one batch. The batch task runs in this process as a worker would;
 issue 11's acceptance test (50 runs, live progress) is test_batch_acceptance.py, the killed
@@ -17,14 +17,16 @@ from django.db import connection, transaction
 from django.test import TestCase, override_settings
 from django.utils import timezone
 
-from stateguard_web.sagas import batches, services
+from stateguard_web.batches import services as batches
+from stateguard_web.batches import worker as batch_worker
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Compensation, Run, Step
 from tests.web.api.world import make_user
 
 
 def process(batch: Batch, owner: str = "w1", budget: float = 60) -> None:
     """What workers do with the batch's task until it is finished (it queues itself again)."""
-    while batches.batch_process(batch_pk=batch.pk, owner=owner, budget=budget):
+    while batch_worker.batch_process(batch_pk=batch.pk, owner=owner, budget=budget):
         pass
 
 
@@ -153,7 +155,7 @@ class BatchTests(TestCase):
 
     def test_it_cancels_the_runs_not_reached_yet_and_stops(self) -> None:
         batch = self.create(codes=[self.f1.code, self.f2.code, self.f3.code])
-        assert batches.batch_process(batch_pk=batch.pk, owner="w1", budget=0)  # one run
+        assert batch_worker.batch_process(batch_pk=batch.pk, owner="w1", budget=0)  # one run
         batch = batches.batch_cancel(batch=batch, by=self.bob)
 
         reason = "the batch was cancelled by bob before this run"
@@ -161,7 +163,7 @@ class BatchTests(TestCase):
                                    (self.f2.code, "skipped", reason),
                                    (self.f3.code, "skipped", reason)]
         assert (batch.status, batch.cancelled_by) == ("cancelled", "bob")
-        assert not batches.batch_process(batch_pk=batch.pk, owner="w1")
+        assert not batch_worker.batch_process(batch_pk=batch.pk, owner="w1")
         assert not AuditEvent.objects.filter(run__in=[self.f2, self.f3]).exists()
         assert AuditEvent.objects.get(action="batch.cancelled").data == {
             "batch": str(batch.code)}
@@ -215,7 +217,7 @@ class BatchTests(TestCase):
         batch = self.create(codes=[self.f1.code])
         Batch.objects.filter(pk=batch.pk).update(
             lease_owner="w1", lease_expires_at=timezone.now() + timedelta(seconds=5))
-        assert not batches.batch_process(batch_pk=batch.pk, owner="w2")
+        assert not batch_worker.batch_process(batch_pk=batch.pk, owner="w2")
         assert outcomes(batch)[0][1] == "pending"
 
         Batch.objects.filter(pk=batch.pk).update(
@@ -226,13 +228,13 @@ class BatchTests(TestCase):
     def test_the_sweeper_hands_a_stalled_batch_to_a_worker_once_per_lease(self) -> None:
         batch = self.create(codes=[self.f1.code])
         now = timezone.now()
-        assert batches.batch_stalled(now) == []  # new: its own message is on its way
+        assert batch_worker.batch_stalled(now) == []  # new: its own message is on its way
         later = now + timedelta(seconds=11)  # a lease (10 s) later, never taken up
-        assert batches.batch_stalled(later) == [batch.pk]
-        assert batches.batch_stalled(later) == []  # handed over: not again this lease
-        assert batches.batch_stalled(later + timedelta(seconds=11)) == [batch.pk]
+        assert batch_worker.batch_stalled(later) == [batch.pk]
+        assert batch_worker.batch_stalled(later) == []  # handed over: not again this lease
+        assert batch_worker.batch_stalled(later + timedelta(seconds=11)) == [batch.pk]
         process(batch)
-        assert batches.batch_stalled(later + timedelta(seconds=60)) == []  # finished
+        assert batch_worker.batch_stalled(later + timedelta(seconds=60)) == []  # finished
 
 
 @pytest.mark.django_db(transaction=True)

@@ -23,7 +23,7 @@ from django.db import transaction
 from django.test import TestCase, override_settings
 
 from stateguard_web.celery import app
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Run
 
 

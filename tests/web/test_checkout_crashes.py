@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import stripe
 
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import AuditEvent, Compensation, Effect, Run
 from tests.web.conftest import ManagePy, Workers, wait_for
 from tests.web.stripe_relay import Rule, StripeRelay
@@ -104,7 +104,7 @@ def kill_at(pool: Workers, relay: StripeRelay, hold: Rule, input: dict[str, Any]
 def test_the_deployment_sets_an_agents_crash_policy_over_its_own(settings: Any) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    from stateguard_web.sagas.runtime import agent_spec
+    from stateguard_web.runs.runtime import agent_spec
 
     assert agent_spec("checkout").on_crash == "unwind"  # the agent's own
     settings.STATEGUARD_ON_CRASH = {"checkout": "resume"}

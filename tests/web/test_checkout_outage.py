@@ -10,7 +10,7 @@ from typing import Any
 
 import stripe
 
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import AuditEvent, Compensation, Notification, Run
 from tests.conftest import flush_localstripe
 from tests.web.conftest import Workers, wait_for

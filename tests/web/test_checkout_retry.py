@@ -22,7 +22,7 @@ import stripe
 from agents import registry
 from agents.checkout import BookingFailed, checkout_error_policy
 from agents.registry import AgentSettings
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import Run
 from tests.web.conftest import Workers, wait_for
 
@@ -146,7 +146,7 @@ def test_it_holds_a_charge_that_could_not_reach_stripe_and_charges_once_on_retry
 
 def test_it_counts_a_held_run_as_the_runs_outcome_not_the_tasks_failure(
         transactional_db: None, settings: Any, caplog: pytest.LogCaptureFixture) -> None:
-    from stateguard_web.sagas import tasks
+    from stateguard_web.runs import tasks
 
     settings.STRIPE_API_BASE = "http://127.0.0.1:9"  # nothing listens: Stripe is unreachable
     run = services.run_submit(agent="checkout", input={"email": "a@b.co", "amount": 42_00})

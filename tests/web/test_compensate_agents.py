@@ -11,7 +11,7 @@ import pytest
 import stripe
 
 from agents import registry
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Compensation, Run
 from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.world import make_user

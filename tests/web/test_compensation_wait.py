@@ -14,7 +14,7 @@ from django.test import TestCase, override_settings
 from django.utils import timezone
 
 from stateguard import RetryLater
-from stateguard_web.sagas import runtime, tasks
+from stateguard_web.runs import runtime, tasks
 from stateguard_web.sagas.models import Compensation, Run, Step
 from tests.web.conftest import ManagePy
 from tests.web.test_decisions import queued_tasks

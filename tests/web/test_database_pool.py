@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import Run
 from tests.web.conftest import ManagePy, Workers, wait_for
 

@@ -13,7 +13,7 @@ from django.db import connection
 from django.test import TestCase, TransactionTestCase
 from django.utils import timezone
 
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Run
 
 

@@ -1,5 +1,5 @@
 """What every response carries and what a refusal leaves in the log: the Content-Security-
-Policy (stateguard_web/csp.py), the favicon browsers ask every page for, and a 403 logged in one
+Policy (stateguard_web/lib/csp.py), the favicon browsers ask every page for, and a 403 logged in one
 line. The browser test checks that Chromium reports no violation of the policy on any page."""
 
 from __future__ import annotations

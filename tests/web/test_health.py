@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connections
 from django.test import Client, override_settings
 
-from stateguard_web import health, heartbeat
+from stateguard_web.monitoring import health, heartbeat
 from tests.web.conftest import Workers, wait_for
 
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 from stateguard_web.accounts import selectors as account_selectors
 from stateguard_web.accounts import services
 from stateguard_web.accounts.models import ApiKey
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors
 from stateguard_web.sagas.models import Run, Step
 from tests.web.api.world import make_user
 

@@ -21,13 +21,13 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from stateguard_web import metrics
 from stateguard_web.accounts.services import (
     api_key_create,
     api_key_revoke,
     service_user_ensure,
 )
-from stateguard_web.sagas.metrics import SETTLE_SECONDS
+from stateguard_web.monitoring import metrics
+from stateguard_web.monitoring.journal_metrics import SETTLE_SECONDS
 from stateguard_web.sagas.models import (
     Approval,
     Compensation,
@@ -210,7 +210,7 @@ def test_it_adds_what_finished_since_the_last_scrape_and_agrees_with_a_new_proce
 @pytest.mark.django_db(transaction=True)
 def test_it_counts_a_run_that_a_worker_executed_and_unwound(
         staff: Client, sandbox: Path) -> None:
-    from stateguard_web.sagas import services, tasks
+    from stateguard_web.runs import services, tasks
 
     r = services.run_submit(agent="provision", input={"name": "db-2", "fail_at": "announce"})
     tasks.run_execute(r.pk)  # in this process, as a worker would
@@ -272,7 +272,7 @@ def test_it_keeps_a_runs_first_outcome_on_sqlite(manage_py: ManagePy, sqlite_url
         "f.update(status='compensated', finished_at=None, finished_status='x')\n"
         "r.refresh_from_db(); print(r.finished_at == first, first is not None, "
         "r.finished_status)\n"
-        "from stateguard_web.sagas.metrics import JournalCollector\n"
+        "from stateguard_web.monitoring.journal_metrics import JournalCollector\n"
         "print(sorted((m.name, len(m.samples)) for m in JournalCollector().collect())[:3])\n")
     result = manage_py("shell", "--no-imports", "-c", script, env=env)
     assert result.returncode == 0, result.stderr
@@ -347,7 +347,7 @@ def test_it_adds_up_the_api_counts_of_a_hosts_processes_in_multiprocess_mode(
         result = manage_py("shell", "--no-imports", "-c", answer.format(n=n), env=env)
         assert result.returncode == 0, result.stderr
     scrape = ("from prometheus_client import generate_latest\n"
-              "from stateguard_web.metrics import registry\n"
+              "from stateguard_web.monitoring.metrics import registry\n"
               "print(generate_latest(registry()).decode())\n")
     result = manage_py("shell", "--no-imports", "-c", scrape, env=env)
     assert result.returncode == 0, result.stderr

@@ -1,4 +1,4 @@
-"""Notifications (sagas/notifications.py): operators are told once per event that a run waits
+"""Notifications (notifications/services.py): operators are told once per event that a run waits
 for an approval or needs attention, by e-mail (``django.core.mail.outbox``) and a webhook (a
 local HTTP server started here), never twice for a duplicate delivery or a redo, retried with
 backoff when a channel fails, and never by the worker running the saga: a real worker goes on
@@ -24,7 +24,9 @@ from django.core import mail
 from django.utils import timezone
 
 from stateguard.records import RunStatus
-from stateguard_web.sagas import notifications, runtime, services, tasks
+from stateguard_web.notifications import services as notifications
+from stateguard_web.notifications import tasks as notification_tasks
+from stateguard_web.runs import runtime, services, tasks
 from stateguard_web.sagas.models import Notification, Run
 from tests.web.api.world import make_user
 from tests.web.conftest import Workers, wait_for
@@ -73,14 +75,14 @@ def hook() -> Iterator[Hook]:
 def queued() -> Iterator[list[tuple[str, ...]]]:
     """The notification tasks queued (their arguments), to run here as a worker would."""
     calls: list[tuple[str, ...]] = []
-    with mock.patch.object(tasks.notification_send, "delay_on_commit",
+    with mock.patch.object(notification_tasks.notification_send, "delay_on_commit",
                            side_effect=lambda *args: calls.append(args)):
         yield calls
 
 
 def deliver(calls: list[tuple[str, ...]]) -> None:
     for args in calls:
-        tasks.notification_send(*args)
+        notification_tasks.notification_send(*args)
 
 
 @pytest.fixture
@@ -185,13 +187,14 @@ def test_it_retries_the_channel_that_failed_alone_and_gives_up_in_the_end(
     runtime.journal().run_set_status(str(run.code), RunStatus.NEEDS_ATTENTION)
     (args,) = queued
 
-    with mock.patch.object(tasks.notification_send, "retry",
+    with mock.patch.object(notification_tasks.notification_send, "retry",
                            side_effect=RuntimeError("retry")) as retry:
         for attempt in range(2):  # what the worker does with each retry
             with pytest.raises(RuntimeError, match="retry"):
-                tasks.notification_send.apply(args, retries=attempt, throw=True)
+                notification_tasks.notification_send.apply(args, retries=attempt, throw=True)
             assert retry.call_args.kwargs["countdown"] == notifications.backoff(attempt)
-        tasks.notification_send.apply(args, retries=2, throw=True)  # the last: gives up
+        # The last attempt: it gives up.
+        notification_tasks.notification_send.apply(args, retries=2, throw=True)
     assert [notifications.backoff(n) for n in range(2)] == [2, 4]
 
     notification = Notification.objects.get()

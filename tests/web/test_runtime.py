@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test import override_settings
 
-from stateguard_web.sagas import runtime, services
+from stateguard_web.runs import runtime, services
 from stateguard_web.sagas.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)

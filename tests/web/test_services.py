@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from django.test import TestCase
 from django.utils import timezone
 
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 
 
@@ -135,7 +135,7 @@ class ActionTests(TestCase):
         # The run is settled by another way (the admin, another deployment's worker) after the
         # worker read the run and before it took the lease: the unwind must not run the failed
         # compensation again over it.
-        from stateguard_web.sagas import runtime, tasks
+        from stateguard_web.runs import runtime, tasks
 
         self.run.agent, self.run.status = "provision", Run.Status.NEEDS_ATTENTION
         self.run.save()
@@ -207,7 +207,7 @@ class RecoveryTests(TestCase):
         from django.conf import settings
         from django.utils import timezone
 
-        from stateguard_web.sagas import tasks
+        from stateguard_web.runs import tasks
 
         broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
         broker.delete("celery")

@@ -9,7 +9,7 @@ from tests.web.conftest import ManagePy
 
 SCRIPT = """
 import json
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Run
 ok = services.run_submit(agent="provision", input={"name": "lite-1"})
 bad = services.run_submit(agent="provision", input={"name": "lite-2", "fail_at": "announce"})
@@ -23,7 +23,7 @@ print(json.dumps({r.input["name"]: [r.status, list(r.steps.values_list("status",
 # The API's reads without PostgreSQL: a run's detail relation by relation, a key's permissions
 # read by the backend (api_key_authenticate and selectors use PostgreSQL's JSON otherwise).
 from stateguard_web.accounts import access, services as accounts
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors
 user, _ = accounts.service_user_ensure(username="lite-bot", role="operator")
 key = accounts.api_key_authenticate(accounts.api_key_create(user=user, name="lite")[1],
                                    address=None)

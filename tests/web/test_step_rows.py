@@ -24,7 +24,7 @@ from stateguard import (
     StepStatus,
 )
 from stateguard.runner import runner_config
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.models import Run, Step

@@ -13,7 +13,7 @@ import stripe
 from django.test import Client
 
 from stateguard_web.accounts import services as accounts
-from stateguard_web.sagas import selectors, services, tasks
+from stateguard_web.runs import selectors, services, tasks
 from stateguard_web.sagas.models import Run
 from tests.web.api.world import make_user
 from tests.web.conftest import Workers, wait_for

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 from tests.web.conftest import Workers, effects, wait_for
 
@@ -21,7 +21,7 @@ def finished(run: Run) -> Run | None:
 
 def next_nodes(run: Run) -> tuple[str, ...]:
     """The nodes the run's last saved checkpoint says run next."""
-    from stateguard_web.sagas.runtime import config_for, guard_for
+    from stateguard_web.runs.runtime import config_for, guard_for
 
     return tuple(guard_for(run.agent)[1].get_state(config_for(run.thread_id)).next)
 

@@ -41,7 +41,7 @@ from stateguard.records import (
     StepStatus,
     json_default,
 )
-from stateguard_web.sagas import events
+from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 from stateguard_web.sagas.models import (
     Approval,
@@ -115,7 +115,7 @@ _RELEASE = f"""
 UPDATE {_RUN} SET lease_owner = '', lease_expires_at = NULL WHERE code = %s AND lease_owner = %s"""
 
 
-# Statuses that tell operators a run waits for them (sagas/notifications.py).
+# Statuses that tell operators a run waits for them (notifications/services.py).
 _NOTIFY = frozenset({RunStatus.PAUSED, RunStatus.NEEDS_ATTENTION})
 
 
@@ -302,9 +302,7 @@ class DjangoJournal:
             self._fences.pop(run_id, None)
             self._released.add(run_id)
         if status in _NOTIFY:  # a run that waits for an operator: rare, never once per step
-            from stateguard_web.sagas import notifications  # it reads the models: not at import
-
-            notifications.run_status_changed(run_code=run_id, status=status)
+            signals.run_waits.send(sender=Run, run_code=run_id, status=status)
 
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         code = Run._meta.get_field("code").get_db_prep_value(uuid.UUID(run_id), connection)

@@ -1,4 +1,4 @@
-"""What GET /metrics reads (``stateguard_web/sagas/metrics.py``): when each run first reached an
+"""What GET /metrics reads (``stateguard_web/monitoring/journal_metrics.py``): when each run first reached an
 outcome, and indexes to read what finished since the last scrape.
 
 ``Run.finished_at`` and ``Run.finished_status``: set once, by a trigger, when a run first gets

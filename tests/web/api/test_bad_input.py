@@ -7,7 +7,7 @@ from typing import Any
 
 from django.test import override_settings
 
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 from tests.web.api.world import World, journal_state
 from tests.web.conftest import AGENT_INPUTS
 

@@ -7,7 +7,7 @@ import uuid
 
 from django.test import override_settings
 
-from stateguard_web.sagas import batches
+from stateguard_web.batches import worker as batch_worker
 from stateguard_web.sagas.models import AuditEvent, Batch, Run
 from tests.web.api.world import World, journal_state
 
@@ -31,7 +31,7 @@ class BatchApiTests(World):
         assert len(queued) == 1  # the worker's task
         assert AuditEvent.objects.get(action="batch.created").data["via"].startswith("key sg_")
 
-        batches.batch_process(batch_pk=Batch.objects.get().pk, owner="w1")
+        batch_worker.batch_process(batch_pk=Batch.objects.get().pk, owner="w1")
         done = self.call("vera", "GET", f"/api/batches/{batch['code']}").json()
         assert (done["status"], done["counts"]["done"], done["items"][0]["outcome"]) == (
             "done", 1, "done")

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.test import LiveServerTestCase
 
 from stateguard_web.accounts import services as accounts
-from stateguard_web.sagas import services, tasks
+from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import AuditEvent, Run
 from tests.web.api.world import make_user
 

@@ -19,8 +19,8 @@ from django.utils import timezone
 from stateguard_web.accounts import access, services
 from stateguard_web.accounts.access import Ability
 from stateguard_web.accounts.models import ApiKey
+from stateguard_web.runs.selectors import RunNotFound
 from stateguard_web.sagas.models import AuditEvent, Run
-from stateguard_web.sagas.selectors import RunNotFound
 from tests.web.api.world import make_user
 
 KEY_SHAPE = re.compile(r"sg_[0-9a-f]{8}_[A-Za-z0-9_-]{43}")

@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from stateguard import InvariantViolation
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Effect, Run, Step
 from tests.web.api.world import CSRF_SECRET, PROVISION, World, journal_state
 
@@ -259,7 +259,7 @@ class AgentsAndSchemaTests(World):
         assert docs.status_code == 200 and b"swagger" in docs.content.lower()
 
     def test_it_answers_an_unexpected_error_with_a_json_500(self) -> None:
-        with mock.patch("stateguard_web.sagas.selectors.agent_list",
+        with mock.patch("stateguard_web.runs.selectors.agent_list",
                         side_effect=RuntimeError("boom")), \
                 self.assertLogs("stateguard_web.api", "ERROR"):
             response = self.call("alice", "GET", "/api/agents")

@@ -14,7 +14,9 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from stateguard_web.asgi import application
-from stateguard_web.sagas import batches, events
+from stateguard_web.batches import services as batches
+from stateguard_web.batches import worker as batch_worker
+from stateguard_web.sagas import events
 from stateguard_web.sagas.models import AuditEvent, Batch, Run
 from tests.web.api.world import make_user
 from tests.web.dashboard.world import DashboardWorld, journal_state
@@ -114,7 +116,7 @@ class BatchPageTests(DashboardWorld):
         page = client.get(response["Location"]).content.decode()
         assert 'data-live="batch"' in page and 'data-dialog="confirm-cancel"' in page
         assert page.count('data-outcome="pending"') == 2
-        batches.batch_process(batch_pk=batch.pk, owner="w1")
+        batch_worker.batch_process(batch_pk=batch.pk, owner="w1")
         page = client.get(response["Location"]).content.decode()
         assert page.count('data-outcome="done"') == 2 and 'value="100"' in page
         assert 'data-dialog="confirm-cancel"' not in page  # finished: nothing to cancel

@@ -23,7 +23,7 @@ import pytest
 import stripe
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from stateguard_web.sagas import services
+from stateguard_web.runs import services
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.test_end_to_end import Server, stack  # noqa: F401  (stack: a fixture)
@@ -181,7 +181,8 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     page.goto(f"{url}/runs/{refunded.code}/")
     run_status(page, "compensated", logs)
     page.wait_for_selector('[data-effect="refund"]')
-    assert page.locator('[data-effect="charge"] .badge').inner_text().strip().endswith("undone")
+    badge = page.locator('[data-effect="charge"] .badge').inner_text().strip()
+    assert badge.endswith("compensated")
     assert page.locator("[data-compensation]").evaluate_all(
         "els => els.map(e => e.dataset.compensation + ' ' + e.dataset.status)") == [
         "charge_user succeeded"]

@@ -125,7 +125,7 @@ def test_it_lets_an_operator_refund_a_charge_from_the_run_page(
     (made,) = refunds_at_stripe(stripe_client, intent)
     assert success == f"Refunded 15.00 USD of {intent} (Stripe refund {made.id})."
     assert made.amount == 1500 and refunded_at_stripe(stripe_client, intent) == 1500
-    assert "partly undone" in page.locator('[data-effect="charge"] .badge').inner_text()
+    assert "partly compensated" in page.locator('[data-effect="charge"] .badge').inner_text()
     assert page.locator('[data-effect="refund"]').count() == 1
     assert page.locator("a[data-refund]").count() == 1  # 27.00 USD remain
     shot(page, "refund-04-partly-refunded")
@@ -170,7 +170,8 @@ def test_it_lets_an_operator_refund_a_charge_from_the_run_page(
     assert refunded_at_stripe(stripe_client, intent) == 4200
     assert len(refunds_at_stripe(stripe_client, intent)) == 2
     assert small.locator("a[data-refund]").count() == 0
-    assert small.locator('[data-effect="charge"] .badge').inner_text().strip().endswith("undone")
+    badge = small.locator('[data-effect="charge"] .badge').inner_text().strip()
+    assert badge.endswith("compensated")
     assert fits(small)
     shot(small, "refund-08-phone-refunded")
     phone.close()

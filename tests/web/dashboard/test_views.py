@@ -12,8 +12,8 @@ from django.conf import settings
 from django.test import Client
 from django.utils import timezone
 
-from stateguard_web import heartbeat
 from stateguard_web.dashboard import pages
+from stateguard_web.monitoring import heartbeat
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
 

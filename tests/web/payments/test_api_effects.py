@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from stateguard.effects import Effect as CoreEffect
 from stateguard.effects import EffectRecord
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 from tests.web.api.world import World
 
 

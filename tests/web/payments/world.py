@@ -26,7 +26,7 @@ from stateguard.effects import Effect as CoreEffect
 from stateguard.effects import EffectRecord
 from stateguard_web.accounts import services as accounts
 from stateguard_web.payments import selectors
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 from stateguard_web.sagas.models import Effect, Run
 from tests.conftest import STRIPE_TEST_KEY
 

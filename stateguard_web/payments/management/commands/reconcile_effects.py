@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stateguard_web.sagas.management.commands._run_command import cli_actor, os_actor
+from stateguard_web.runs.commands import cli_actor, os_actor
 
 
 def _since(value: str) -> datetime:

@@ -35,7 +35,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from stateguard_web.accounts import access, throttle
 from stateguard_web.accounts.services import KeyRefused, api_key_authenticate
-from stateguard_web.sagas.metrics import JournalCollector
+from stateguard_web.monitoring.journal_metrics import JournalCollector
 
 MULTIPROCESS = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
 API_PREFIX, NOT_COUNTED = "/api/", "/api/health"

@@ -16,7 +16,7 @@ from django.db.models.functions import Cast
 from stateguard.instrument import node_tags
 from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.lib import rows as sql_rows
-from stateguard_web.sagas import runtime
+from stateguard_web.runs import runtime
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,

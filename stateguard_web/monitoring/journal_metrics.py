@@ -41,6 +41,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from stateguard.lifecycle import FINISHED
 from stateguard.records import RunStatus
 
 # Rows this much older than the scrape are taken as final: added to the totals once.
@@ -55,10 +56,8 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
                 300.0)
 # Runs include time paused for an approval: seconds to a day.
 RUN_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 21600.0, 86400.0)
-# Outcomes: a run that reaches one of these has finished (the trigger sets finished_at).
-FINISHED = (RunStatus.SUCCEEDED, RunStatus.COMPENSATED, RunStatus.NEEDS_ATTENTION)
 # Runs that are not settled for good: few at any time, counted whole at each scrape.
-OPEN = tuple(s for s in RunStatus if s not in (RunStatus.SUCCEEDED, RunStatus.COMPENSATED))
+OPEN = tuple(s for s in RunStatus if s not in FINISHED)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -172,7 +171,7 @@ def _gauge(name: str, doc: str, labels: list[str],
 
 
 class JournalCollector(Collector):
-    """Register one per process (``stateguard_web.metrics`` does): it keeps the totals."""
+    """Register one per process (``metrics`` does): it keeps the totals."""
 
     def __init__(self, *, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._clock = clock  # bench/metrics_scrape.py runs a day of scrapes in seconds

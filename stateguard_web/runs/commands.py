@@ -8,25 +8,21 @@ that acting as another user leaves a trace. Everything that goes wrong for the o
 malformed or unknown id, an unknown user, a service's refusal) becomes a ``CommandError``: one
 line on stderr, exit status 1, no traceback. ``run_status`` and ``submit_run`` use
 ``run_argument()`` and ``cli_actor()`` on their own.
-
-The leading underscore keeps this module from being listed as a command.
 """
 
 from __future__ import annotations
 
 import getpass
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors, services
+from stateguard_web.runs.services import Actor, By
 from stateguard_web.sagas.models import Run
-
-if TYPE_CHECKING:
-    from stateguard_web.sagas.services import Actor, By
 
 
 def run_argument(value: str) -> Run:
@@ -72,8 +68,6 @@ def cli_actor(username: str) -> Actor:
     """``--by USERNAME``: that user acts, and the audit event says it came from the command
     line and from which login (``via``), so that acting as someone else leaves a trace."""
     # Here, not at the top: see ActionCommand.handle.
-    from stateguard_web.sagas.services import Actor
-
     login = _login()
     return Actor(user_argument(username), via=f"cli:{login}" if login else "cli")
 
@@ -89,8 +83,6 @@ class ActionCommand(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         # Here, not at the top: services pull in LangGraph and every agent (a second of CPU,
         # measured), which run_status, a user of this module too, does without.
-        from stateguard_web.sagas import services
-
         run = run_argument(options["run"])
         by = cli_actor(options["by"]) if options["by"] else os_actor()
         try:

@@ -20,6 +20,9 @@ from django.core.signals import setting_changed
 from django.db import connection
 from django.dispatch import receiver
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
 
 from agents import registry
 from agents.registry import AgentSettings, AgentSpec
@@ -27,6 +30,7 @@ from stateguard import RetryLater, StateGuardCheckpointer
 from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
+from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 
 
 @cache
@@ -42,9 +46,6 @@ def checkpoint_pool() -> Any:
     """The process's PostgreSQL connections for LangGraph checkpoints: a small pool that checks
     a connection before lending it, so a worker outlives restarts of the database and one
     broken connection does not fail every later run."""
-    from psycopg.rows import dict_row
-    from psycopg_pool import ConnectionPool
-
     return ConnectionPool(
         pg.conninfo(settings.DATABASES["default"]), min_size=1, max_size=4,
         check=ConnectionPool.check_connection,
@@ -55,11 +56,7 @@ def checkpoint_pool() -> Any:
 @cache
 def saver() -> BaseCheckpointSaver[Any]:
     if connection.vendor == "postgresql":
-        from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
-
         return JournalingPostgresSaver(checkpoint_pool(), journal())  # tables: migration 0002
-    from langgraph.checkpoint.sqlite import SqliteSaver
-
     path = Path(str(settings.DATABASES["default"]["NAME"])).with_suffix(".checkpoints.sqlite")
     conn_sqlite = sqlite3.connect(path, check_same_thread=False, timeout=30)
     conn_sqlite.execute("PRAGMA journal_mode=WAL")

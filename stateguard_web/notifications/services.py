@@ -1,8 +1,8 @@
 """Operators told when a run waits for them: for an approval, or because it needs attention.
 
-``run_status_changed`` is called where a worker writes a run's status (``DjangoJournal.
-run_set_status``, and ``tasks._unknown_agent`` for a run of an agent no longer offered): for
-``paused`` and ``needs_attention`` only, and only when a channel is configured, it queues
+``receivers.run_status_changed`` hears where a worker writes a status on which a run waits for
+an operator (the journal's ``signals.run_waits``: ``paused`` and ``needs_attention``, also for a
+run of an agent no longer offered): only when a channel is configured, it queues
 ``tasks.notification_send`` once the write commits. The worker pays one small query and a
 message to the broker per such status, never the sending: e-mail and webhook go out from a
 task of their own, with a timeout, retried with backoff.
@@ -40,7 +40,7 @@ from django.template.loader import render_to_string
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from stateguard_web.sagas import selectors
+from stateguard_web.runs import selectors
 from stateguard_web.sagas.models import Approval, Notification, Run
 
 logger = logging.getLogger("stateguard.notifications")
@@ -56,30 +56,6 @@ class DeliveryFailed(Exception):
 
 def enabled() -> bool:
     return bool(settings.STATEGUARD_NOTIFY_EMAIL or settings.STATEGUARD_NOTIFY_WEBHOOK_URL)
-
-
-def run_status_changed(*, run_code: str, status: str) -> None:
-    """A worker wrote ``status`` on the run: queue what operators are told about it, once that
-    write commits. Never fails the caller (a saga must not fail for its notification)."""
-    event = EVENTS.get(str(status))
-    if event is None or not enabled():
-        return
-    try:
-        if event == Notification.Event.AWAITING_APPROVAL:
-            keys = [f"approval:{step_id}" for step_id in Approval.objects.filter(
-                run__code=run_code, status=Approval.Status.PENDING).values_list("step_id",
-                                                                               flat=True)]
-        else:
-            # The operator's request (compensate, retry...) whose outcome this is, if any: the
-            # next time the run needs attention is another event; this one again is not.
-            request = Run.objects.filter(code=run_code).values_list("request", flat=True).first()
-            keys = [f"needs_attention:{(request or {}).get('id') or 'auto'}"]
-        from stateguard_web.sagas import tasks  # tasks imports the journal, which calls this
-
-        for key in keys:
-            tasks.notification_send.delay_on_commit(str(run_code), str(event), key)
-    except Exception:
-        logger.exception("could not queue the notification of run %s (%s)", run_code, status)
 
 
 def backoff(retries: int) -> int:

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from stateguard_web.sagas import services
-from stateguard_web.sagas.management.commands._run_command import cli_actor
+from stateguard_web.runs import services
+from stateguard_web.runs.commands import cli_actor
 
 
 class Command(BaseCommand):

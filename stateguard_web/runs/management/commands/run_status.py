@@ -7,8 +7,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from stateguard_web.sagas import selectors
-from stateguard_web.sagas.management.commands._run_command import run_argument
+from stateguard_web.runs import selectors
+from stateguard_web.runs.commands import run_argument
 
 
 class Command(BaseCommand):

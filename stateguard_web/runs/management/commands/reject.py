@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from stateguard_web.sagas import services
-from stateguard_web.sagas.management.commands._run_command import ActionCommand
+from stateguard_web.runs import services
+from stateguard_web.runs.commands import ActionCommand
 from stateguard_web.sagas.models import Run
 
 

@@ -33,7 +33,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from stateguard_web import heartbeat
+from stateguard_web.monitoring import heartbeat
 
 logger = logging.getLogger("stateguard.health")
 

@@ -20,7 +20,8 @@ from pydantic import ValidationError
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
-from stateguard_web.sagas import events, runtime, tasks
+from stateguard_web.runs import runtime, tasks
+from stateguard_web.sagas import events
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stateguard_web.sagas import services
-from stateguard_web.sagas.management.commands._run_command import ActionCommand
+from stateguard_web.runs import services
+from stateguard_web.runs.commands import ActionCommand
 from stateguard_web.sagas.models import Run
 
 

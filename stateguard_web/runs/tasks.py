@@ -6,6 +6,9 @@ sweeper hands the run to recovery once its lease expires. An operator's action o
 later instead of being dropped. Whether an action still fits the run is decided by the guard,
 under the run's lease (``stateguard.lifecycle``); when it no longer does, the audit trail says
 so.
+
+Task names are spelled out: they are the names these tasks had in ``stateguard_web.sagas.tasks``,
+so that messages queued before the tasks moved still reach them after an upgrade.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, refusal
-from stateguard_web.sagas import events
+from stateguard_web.runs.runtime import agent_names, config_for, guard_for, has_checkpoint
+from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import LeaseLost
 from stateguard_web.sagas.models import AuditEvent, Compensation, Run
 
 logger = logging.getLogger("stateguard.tasks")
 _ACTION_RETRY = {"countdown": 2, "max_retries": 60}  # two minutes of a busy run
+NAMES = "stateguard_web.sagas.tasks"  # see the module's docstring
 GuardAction = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 
@@ -38,8 +43,6 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
                 request: str = "", by: str = "") -> None:
     """Run ``action`` with the run's guard. ``request`` names an operator's request (made by
     ``by``) that the guard may refuse under the lease: the refusal is audited."""
-    from stateguard_web.sagas.runtime import agent_names, config_for, guard_for
-
     if not isinstance(run, Run):
         run = Run.objects.get(pk=run)
     if run.agent not in agent_names():
@@ -78,8 +81,6 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
     here). A run a worker would otherwise take up again and again (pending, or live with its
     worker gone) can never go on: it needs a person. An operator's request on a run that waits
     (paused, failed) is refused and the run left as it is."""
-    from stateguard_web.sagas.runtime import agent_names
-
     now = timezone.now()
     message = (f"agent {run.agent!r} is not offered by this deployment (it offers "
                f"{', '.join(agent_names())})")
@@ -93,10 +94,8 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
         if parked:
             AuditEvent.objects.create(run=run, actor="worker", action="run.agent_unknown",
                                       data={"agent": run.agent, "message": message})
-            from stateguard_web.sagas import notifications  # it imports this module
-
-            notifications.run_status_changed(run_code=str(run.code),
-                                             status=Run.Status.NEEDS_ATTENTION)
+            signals.run_waits.send(sender=Run, run_code=str(run.code),
+                                   status=Run.Status.NEEDS_ATTENTION)
             logger.error("run %s needs attention: %s", run.code, message)
         elif request:
             AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
@@ -105,7 +104,7 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
             logger.warning("run %s: %s refused: %s", run.code, request, message)
 
 
-@shared_task(acks_late=True)
+@shared_task(acks_late=True, name=f"{NAMES}.run_execute")
 def run_execute(run_pk: int) -> None:
     # Only a pending run starts: a duplicate delivery, or a delivery after the run finished,
     # must not start the graph again from its input (that would repeat every effect). The guard
@@ -124,7 +123,7 @@ def run_execute(run_pk: int) -> None:
     _with_guard(run, lambda guard, graph, config, run: guard.invoke(graph, run.input, config))
 
 
-@shared_task(acks_late=True, bind=True)
+@shared_task(acks_late=True, bind=True, name=f"{NAMES}.run_request")
 def run_request(self: Task, run_pk: int, request_id: str) -> None:
     """Carry out the operator's request left on the run (``services._request``): approve or
     reject (the service decided the approval), retry, compensate. The guard checks, under the
@@ -160,7 +159,7 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
         events.publish_change(run.code, "run.request", action=None, done=action, by=by)
 
 
-@shared_task(acks_late=True)
+@shared_task(acks_late=True, name=f"{NAMES}.run_recover")
 def run_recover(run_pk: int) -> None:
     """Take over a run whose worker died: unwind it or resume it, per the agent's policy.
 
@@ -171,8 +170,6 @@ def run_recover(run_pk: int) -> None:
         return
 
     def recover(guard: Any, graph: Any, config: dict[str, Any], run: Run) -> None:
-        from stateguard_web.sagas.runtime import guard_for
-
         spec = guard_for(run.agent)[2]
         AuditEvent.objects.create(run=run, actor="sweeper", action="run.recovering",
                                   data={"policy": spec.on_crash,
@@ -182,7 +179,7 @@ def run_recover(run_pk: int) -> None:
     _with_guard(run_pk, recover)
 
 
-@shared_task(acks_late=True)
+@shared_task(acks_late=True, name=f"{NAMES}.run_retry_compensations")
 def run_retry_compensations(run_pk: int) -> None:
     """The next round of a compensating run's waiting compensations, now that it is due
     (``RetryLater``; handed over by the sweeper): the core's recovery runs it, under the run's
@@ -202,8 +199,6 @@ def _abandoned(now: datetime) -> Q:
 
 
 def _requeue_if_never_started(run_pk: int) -> bool:
-    from stateguard_web.sagas.runtime import has_checkpoint
-
     now = timezone.now()
     with transaction.atomic():
         # The row lock makes a late write of the dead worker wait for this decision; the new
@@ -247,7 +242,7 @@ def _due(runs: QuerySet[Run], now: datetime, *, again: Q | None = None) -> list[
     return pks
 
 
-@shared_task(acks_late=True)
+@shared_task(acks_late=True, name=f"{NAMES}.sweep_expired_leases")
 def sweep_expired_leases() -> int:
     """Hand to another worker what no worker is doing: live runs whose worker stopped renewing
     its lease (to recovery), compensating runs whose waiting compensations are due (to their
@@ -286,43 +281,8 @@ def sweep_expired_leases() -> int:
     undone = _due(Run.objects.filter(pk__in=list(waiting)), now)
     for pk in undone:
         run_request.apply_async((pk, waiting[pk]["id"]), expires=expires)
-    from stateguard_web.sagas.batches import batch_stalled  # it imports this module
-
-    stalled = batch_stalled(now)  # batches whose worker died: another goes on with them
-    for pk in stalled:
-        batch_process.apply_async((pk,), expires=expires)
-    if stalled:
-        logger.info("sweep: %d batches handed to a worker again %s", len(stalled), stalled)
     if dead or rounds or lost or undone:  # log what it found, not that it looked
         logger.info("sweep: %d runs to recovery %s, %d runs to their compensations' next round "
                     "%s, %d lost runs queued again %s, %d operator requests queued again %s",
                     len(dead), dead, len(rounds), rounds, len(lost), lost, len(undone), undone)
     return len(dead)
-
-
-@shared_task(acks_late=True, bind=True)
-def batch_process(self: Task, batch_pk: int) -> None:
-    """Go through a batch's runs one at a time (``sagas.batches``), for a slice of a few
-    seconds; then the batch goes to the back of the queue, so that a batch of a thousand runs
-    does not keep this worker from the requests it has just made. Each item is done once,
-    whatever hands the batch over again (``acks_late`` redelivery, the sweeper)."""
-    from stateguard_web.sagas import batches  # it imports this module
-
-    owner = f"{self.request.hostname or 'local'}:{self.request.id or uuid.uuid4().hex}"
-    if batches.batch_process(batch_pk=batch_pk, owner=owner):
-        batch_process.delay(batch_pk)
-
-
-@shared_task(acks_late=True, bind=True)
-def notification_send(self: Task, run_code: str, event: str, key: str) -> None:
-    """Tell the operators that a run waits for them (``sagas.notifications``): once per event,
-    each channel retried with backoff until it works or the retries run out."""
-    from stateguard_web.sagas import notifications  # it imports this module
-
-    retries = settings.STATEGUARD_NOTIFY_RETRIES
-    try:
-        notifications.notification_send(run_code=run_code, event=event, key=key,
-                                         final=self.request.retries >= retries)
-    except notifications.DeliveryFailed as exc:
-        raise self.retry(exc=exc, countdown=notifications.backoff(self.request.retries),
-                         max_retries=retries) from exc
