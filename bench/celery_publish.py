@@ -4,15 +4,16 @@ callback is ``run_execute.delay(pk)``).
 
     .venv/bin/python bench/celery_publish.py [--count 2000] [--rounds 5] [--broker URL]
 
-Daphne runs each request's sync code on a new thread, so the ``new`` mode publishes each
-message from a thread of its own; ``reused`` publishes them all from one thread that published
-before. Each publish is timed with ``time.process_time()`` around ``delay()`` only (the main
-thread waits in ``join``, and the Redis transport starts no thread of its own), so thread
-start-up is not counted. Modes alternate within each round; the output is the median and mean
-per publish over all rounds, in µs of CPU. The broker is a Redis database of the bench's own
+Daphne (``make run``) runs each request's sync code on a new thread: the ``new`` mode publishes
+each message from a thread of its own. gunicorn (production) keeps its request threads:
+``reused`` publishes them all from one thread that published before. Each publish is timed
+with ``time.process_time()`` around ``delay()`` only (the main thread waits in ``join``, and the
+Redis transport starts no thread of its own), so thread start-up is not counted. Modes
+alternate within each round; the output is the median and mean per publish over all rounds, in
+µs of CPU. The broker is a Redis database of the bench's own
 (default ``redis://127.0.0.1:6379/11``): it is emptied before and after, and each round checks
-that every message arrived. No database is touched. Results: docs/benchmarks.md (P6, "Celery
-publish per submission").
+that every message arrived. No database is touched. Results: docs/benchmarks.md ("Small
+benchmarks").
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@
      ``--rate`` runs per second.
 2. The floor, in the same rounds: a plain ``group_send`` (from one reused event loop, as the
    publisher does) of a small ``run.events`` message to the same consumers on the same Daphne
-   and Redis: 1 client at 20 messages/s, N clients at 10 messages/s (the anchors' load).
+   and Redis: 1 client at 20 messages/s, N clients at 10 messages/s.
 3. The CPU publishing costs a process per event: the events of five-step runs sent through
    ``sagas.events.publish`` in this process (paced like a worker, one list client listening),
    ``time.process_time`` (every thread) against the same loop without publishing.

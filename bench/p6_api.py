@@ -1,8 +1,8 @@
 """P6: the REST API under load: ``POST /api/runs`` and ``GET /api/runs/{code}`` at 16 concurrent
 keep-alive clients on loopback (wrk), beside the floor: a trivial JSON view (``bench/floor``,
-sync, as in ../shared/notes/performance-anchors.md) behind the same middleware on the same
-server setup, in the same run. Rounds interleave (every setup, every load, then again), so the
-ratios to the floor compare like with like on this shared, noisy machine.
+sync, answering ``{"ok": true}``) behind the same middleware on the same server setup, in the
+same run. Rounds interleave (every setup, every load, then again), so the ratios to the floor
+compare like with like on this shared, noisy machine.
 
     .venv/bin/python bench/p6_api.py [--rounds 5] [--duration 8] [--setup 2,DATABASE_POOL=4 ...]
 

@@ -11,7 +11,7 @@ from stateguard_web.urls import urlpatterns as site
 
 
 def floor(request: HttpRequest) -> JsonResponse:
-    """What the anchors measured: a sync view returning small JSON."""
+    """The floor: a sync view returning small JSON, the least a request can cost here."""
     return JsonResponse({"ok": True})
 
 
