@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
@@ -25,4 +26,5 @@ def nav(request: HttpRequest) -> dict[str, Any]:
     if user is None or not user.is_authenticated:
         return {}
     return {"nav": SimpleLazyObject(lambda: _nav(user)),
-            "workers": SimpleLazyObject(lambda: workers.worker_health(user))}
+            "workers": SimpleLazyObject(lambda: workers.worker_health(user)),
+            "workers_poll_ms": round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000)}

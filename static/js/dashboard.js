@@ -266,7 +266,8 @@
   // ---- the banner that says no worker is alive: asked for again every WORKERS_EVERY ms -------
   // Nothing is published when a worker dies or starts, so the page asks (a small GET; not
   // while the page is hidden). The server renders it: includes/workers.html.
-  var WORKERS_EVERY = 15000;  // a worker beats every 15 s (stateguard_web/monitoring/heartbeat.py)
+  // STATEGUARD_WORKERS_POLL_SECONDS, on the banner; a worker beats every 15 s (monitoring/heartbeat.py)
+  var WORKERS_EVERY = 15000;
   var workersTimer = null;
 
   // A live event means something ran: ask soon, not at the next round (a worker that just
@@ -388,7 +389,8 @@
     formatWaits(document);
     setInterval(function () { formatTimes(document); }, 30000);
     setInterval(function () { formatWaits(document); }, 1000);
-    setInterval(refreshWorkers, WORKERS_EVERY);
+    var workersBanner = document.getElementById("workers-banner");
+    setInterval(refreshWorkers, Number(workersBanner && workersBanner.dataset.workersEvery) || WORKERS_EVERY);
     document.addEventListener("visibilitychange", refreshWorkers);
     document.querySelectorAll("input[data-timezone]").forEach(function (input) {
       if (!input.value) input.value = Intl.DateTimeFormat().resolvedOptions().timeZone || "";
