@@ -93,6 +93,14 @@ def main(argv: list[str]) -> int:
                 os._exit(9)
 
     class Journal(SqliteJournal):
+        def step_start(self, run_id: str, step_id: str, node: str,
+                       tags: tuple[str, ...] = ()) -> Any:
+            if node in after_death:
+                # As in Effects.append: the next node may start before the saved writes end
+                # us, and a step journaled as started would be in doubt. Wait to be ended.
+                time.sleep(30)
+            return super().step_start(run_id, step_id, node, tags)
+
         def step_finish(self, run_id: str, step_id: str, status: Any, **kw: Any) -> None:
             if not any(s.step_id == step_id and s.node == args.lose_finish
                        for s in self.steps(run_id)):

@@ -115,7 +115,7 @@ def test_it_unwinds_a_saga_whose_saved_writes_lead_to_another_node(tmp_path: Pat
     result = run(tmp_path, "t", "recover")
 
     assert effects(tmp_path) == ["a", "b", "undo:b", "undo:a"]  # c never ran
-    assert result["status"] == "compensated" and not result["needs_attention"]
+    assert result["status"] == "compensated" and not result["needs_attention"], result
 
 
 def test_it_compensates_a_step_whose_writes_were_saved_as_succeeded_not_in_doubt(
