@@ -267,9 +267,6 @@ CELERY_TIMEZONE = TIME_ZONE
 STATEGUARD_LEASE_SECONDS = env.int("STATEGUARD_LEASE_SECONDS", default=10)
 STATEGUARD_LEASE_RENEW_SECONDS = env.int("STATEGUARD_LEASE_RENEW_SECONDS", default=3)
 STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
-# How often an open dashboard page asks whether any worker is alive (the banner): a worker beats
-# every 15 s, so asking more often tells nothing sooner (a live event asks at once anyway).
-STATEGUARD_WORKERS_POLL_SECONDS = env.float("STATEGUARD_WORKERS_POLL_SECONDS", default=15.0)
 if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
     raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
 # What recovery does with a run whose worker died, per agent, over the agent's own on_crash:
@@ -291,6 +288,15 @@ def _seconds(name: str, default: float) -> float:
         raise ImproperlyConfigured(f"{name} is {text!r}: it must be a number of seconds.")
     return value
 
+
+
+# How often an open dashboard page asks whether any worker is alive (the banner): a worker beats
+# every 15 s, so asking more often tells little sooner (a live event asks within a second
+# anyway). At least a second: every open page polls.
+STATEGUARD_WORKERS_POLL_SECONDS = _seconds("STATEGUARD_WORKERS_POLL_SECONDS", 15.0)
+if STATEGUARD_WORKERS_POLL_SECONDS < 1:
+    raise ImproperlyConfigured("STATEGUARD_WORKERS_POLL_SECONDS must be at least 1 (every open "
+                               "page asks that often).")
 
 # A compensation whose attempts in the worker are spent (a provider's outage) waits and is tried
 # again (stateguard.RetryLater): first after INITIAL seconds, then after as long as it has been

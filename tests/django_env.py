@@ -42,8 +42,8 @@ os.environ["DEBUG"] = "true"
 # No notifications unless a test asks for them (tests/web/test_notifications.py): under DEBUG they
 # would e-mail the operators of every run that pauses, in this process and in the workers.
 os.environ["STATEGUARD_NOTIFY_EMAIL"] = ""
+os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)
 
 # The dashboard asks every 2 s, not 15, whether a worker is alive: a browser test that stops the
 # last worker waits for the banner that long (workers say goodbye; nothing else is faster).
 os.environ["STATEGUARD_WORKERS_POLL_SECONDS"] = "2"
-os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)

@@ -1,5 +1,5 @@
 """Batches on the dashboard: select runs on the list (or take every run the list's filter
-matches), confirm, and watch the batch's page fill in live (``sagas.batches`` does the work).
+matches), confirm, and watch the batch's page fill in live (``batches`` does the work).
 
 The confirmation is a page of its own (a GET, so it also works without the page's script): it
 shows how many runs of which statuses the action would touch and how many it fits now, and its
@@ -35,7 +35,7 @@ WHAT = {Batch.Action.RETRY: "resumes each failed run from where it failed",
         Batch.Action.COMPENSATE: "undoes what each run did, newest step first",
         Batch.Action.RETRY_COMPENSATIONS: "runs the failed compensations of each run that "
                                           "needs attention again, with their idempotency keys"}
-# Where the batch's reason goes (sagas.batches.batch_create): a compensation request takes
+# Where the batch's reason goes (batches.services.batch_create): a compensation request takes
 # one; a retry does not.
 REASON_GOES = {
     Batch.Action.RETRY: "kept with the batch and shown on its page",

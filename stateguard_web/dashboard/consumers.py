@@ -115,7 +115,7 @@ class RunConsumer(_LiveConsumer):
 
 
 class BatchConsumer(_LiveConsumer):
-    """One batch's progress (``sagas.batches``), for its page: for whoever may see every run
+    """One batch's progress (``batches``), for its page: for whoever may see every run
     (a batch is about everyone's runs)."""
 
     async def authorize(self) -> str | None:

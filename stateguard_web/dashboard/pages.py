@@ -1,7 +1,7 @@
 """What each page shows, read from the journal: the runs list, a run's detail, the inboxes.
 
 Reads only. The runs the user may see come from ``accounts.access.visible_runs``, the filtered
-list from ``sagas.selectors.run_list``; which actions a run accepts from ``stateguard.lifecycle``
+list from ``runs.selectors.run_list``; which actions a run accepts from ``stateguard.lifecycle``
 (the state machine the services enforce) and whether the user may act from ``access``.
 """
 

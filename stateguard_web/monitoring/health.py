@@ -13,7 +13,7 @@ the view waits for them ``TIMEOUT`` seconds at most, so a database host that swa
 The pool is bounded: while checks hang, new ones queue behind them and time out too, rather
 than pile up threads.
 
-``/healthz`` (views.py) stays the cheaper liveness check of one process and its database.
+``/healthz`` (healthz.py) stays the cheaper liveness check of one process and its database.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``GET /metrics`` (Prometheus text format) and the count of API responses behind it.
 
-What it holds: the journal's numbers (``sagas.metrics.JournalCollector``, the same from every
+What it holds: the journal's numbers (``journal_metrics.JournalCollector``, the same from every
 process, read from the database) and ``stateguard_api_requests_total{method, status}``, the
 responses under ``/api/`` (but ``/api/health``, which load balancers call every few seconds),
 counted by ``ApiRequestsMiddleware`` in the process that answered.

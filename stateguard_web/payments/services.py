@@ -17,7 +17,7 @@ a worker's compensation):
    the run and the operator.
 5. In the same transaction: the refund in the ledger (the Django journal's ``effect_record``,
    which settles the charge's status), an ``AuditEvent``, and, when asked, the run resolved by
-   hand (``sagas.services.run_resolve_by_hand``).
+   hand (``runs.services.run_resolve_by_hand``).
 
 Errors: ``RefundError`` (a ``ServiceError``), its message written for the operator. When
 Stripe refuses or fails, nothing is recorded as refunded (an ``effect.refund_failed`` audit

@@ -67,7 +67,6 @@ def os_actor() -> str:
 def cli_actor(username: str) -> Actor:
     """``--by USERNAME``: that user acts, and the audit event says it came from the command
     line and from which login (``via``), so that acting as someone else leaves a trace."""
-    # Here, not at the top: see ActionCommand.handle.
     login = _login()
     return Actor(user_argument(username), via=f"cli:{login}" if login else "cli")
 
@@ -81,8 +80,6 @@ class ActionCommand(BaseCommand):
                             help="the user to record as acting (default: cli:<your login name>)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # Here, not at the top: services pull in LangGraph and every agent (a second of CPU,
-        # measured), which run_status, a user of this module too, does without.
         run = run_argument(options["run"])
         by = cli_actor(options["by"]) if options["by"] else os_actor()
         try:

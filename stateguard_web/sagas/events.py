@@ -238,7 +238,7 @@ def _safe_send(groups: tuple[str, ...], payload: dict[str, Any], *, written: boo
 
 
 def publish_batch(code: object, type: str, **data: Any) -> None:
-    """A batch's progress (``sagas.batches``) to its group, once the surrounding transaction
+    """A batch's progress (``batches.worker``) to its group, once the surrounding transaction
     commits: ``{"type": "batch.events", "events": [{"type": "batch.progress", "batch": code,
     "data": {...}, "at": ...}, ...]}``, oldest first, batched like the runs' events."""
     payload = {"type": type, "batch": str(code), "data": data, "at": time.time()}

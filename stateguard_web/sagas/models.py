@@ -54,7 +54,7 @@ class Run(models.Model):
     # at most once per lease period, however long the queue takes to get to it.
     requeued_at = models.DateTimeField(null=True, blank=True)
     # The operator's request a worker has yet to carry out (approve, reject, retry or
-    # compensate): {"id", "action", "by", ...}. One at a time: see services._request.
+    # compensate): {"id", "action", "by", ...}. One at a time: see runs.services._request.
     request = models.JSONField(null=True, blank=True)
     requested_at = models.DateTimeField(null=True, blank=True)
     submitted_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
@@ -101,7 +101,7 @@ class Run(models.Model):
             # (HOT, with the free space migration 0005 leaves in each page).
         ]
 
-    # Not stored: services.run_submit sets it when an idempotency key gave back this run.
+    # Not stored: runs.services.run_submit sets it when an idempotency key gave back this run.
     replayed = False
 
     def __str__(self) -> str:
@@ -355,7 +355,7 @@ class Batch(models.Model):
     run that moved on since it was selected is skipped, with the reason in its item.
 
     The selection is frozen when the batch is made: explicit runs, or the runs a filter (the
-    list's: ``selectors.run_list``) matched then, one ``BatchItem`` each. ``selection`` keeps
+    list's: ``runs.selectors.run_list``) matched then, one ``BatchItem`` each. ``selection`` keeps
     what the operator asked for, to show it. See ``batches/services.py``."""
 
     Action = BatchAction

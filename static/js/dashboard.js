@@ -263,7 +263,7 @@
     countsTimer = setTimeout(function () { countsTimer = null; refreshCounts(); }, 1000);
   }
 
-  // ---- the banner that says no worker is alive: asked for again every WORKERS_EVERY ms -------
+  // ---- the banner that says no worker is alive: asked for again every few seconds ------------
   // Nothing is published when a worker dies or starts, so the page asks (a small GET; not
   // while the page is hidden). The server renders it: includes/workers.html.
   // STATEGUARD_WORKERS_POLL_SECONDS, on the banner; a worker beats every 15 s (monitoring/heartbeat.py)

@@ -18,6 +18,7 @@ from django.test import TestCase, override_settings
 from django.utils import timezone
 
 from stateguard_web.batches import services as batches
+from stateguard_web.batches import tasks as batch_tasks
 from stateguard_web.batches import worker as batch_worker
 from stateguard_web.runs import services
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Compensation, Run, Step
@@ -235,6 +236,15 @@ class BatchTests(TestCase):
         assert batch_worker.batch_stalled(later + timedelta(seconds=11)) == [batch.pk]
         process(batch)
         assert batch_worker.batch_stalled(later + timedelta(seconds=60)) == []  # finished
+
+    def test_the_beats_batch_sweep_queues_each_stalled_batch_with_an_expiry(self) -> None:
+        batch = self.create(codes=[self.f1.code])
+        Batch.objects.filter(pk=batch.pk).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1))  # its worker died
+        with mock.patch.object(batch_tasks.batch_process, "apply_async") as queued:
+            assert batch_tasks.batch_sweep() == 1
+            assert batch_tasks.batch_sweep() == 0  # handed over: not again this lease
+        queued.assert_called_once_with((batch.pk,), expires=5 * 2)  # STATEGUARD_SWEEP_SECONDS
 
 
 @pytest.mark.django_db(transaction=True)

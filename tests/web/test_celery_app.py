@@ -58,6 +58,20 @@ def test_it_reads_settings_that_a_test_overrides(queue: redis.Redis) -> None:
     assert queue.llen("celery") == 1
 
 
+def test_it_keeps_the_task_names_messages_already_queued_carry() -> None:
+    # Queued before the tasks left stateguard_web.sagas.tasks, a message names the task by its
+    # old name: a worker must still find it.
+    from stateguard_web.batches import tasks as batch_tasks
+    from stateguard_web.notifications import tasks as notification_tasks
+
+    old = "stateguard_web.sagas.tasks."
+    moved = [tasks.run_execute, tasks.run_request, tasks.run_recover,
+             tasks.run_retry_compensations, tasks.sweep_expired_leases,
+             batch_tasks.batch_process, notification_tasks.notification_send]
+    assert [task.name for task in moved] == [old + task.__name__ for task in moved]
+    assert all(task.name in app.tasks for task in moved)
+
+
 def test_it_keeps_one_result_backend_for_all_threads() -> None:
     # Without a result backend, Celery would build a disabled one on each thread that publishes.
     first, second = on_new_threads(lambda: app.backend, lambda: app.backend)

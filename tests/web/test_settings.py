@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import runpy
 import secrets
 import shlex
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, connections
 from django.test import AsyncClient, Client, override_settings
 from pytest_django import DjangoAssertNumQueries
@@ -209,14 +212,15 @@ def test_it_passes_check_deploy_with_the_documented_production_environment(
     assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
 
 
-def test_it_keeps_celery_quiet_about_the_routine_sweep_only(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize("sweep", [entry["task"] for entry in
+                                   settings.CELERY_BEAT_SCHEDULE.values()])
+def test_it_keeps_celery_quiet_about_the_routine_sweeps_only(
+    sweep: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
     # The three lines Celery logs for every sweep (every 2 s), each with the same call Celery
     # makes; a line about any other task, and a failed sweep, still reach the log.
     from celery.app.trace import LOG_RECEIVED, LOG_SUCCESS
 
-    sweep = "stateguard_web.sagas.tasks.sweep_expired_leases"
     other = "stateguard_web.sagas.tasks.run_execute"
     caplog.set_level(logging.INFO)
     for task in (sweep, other):
@@ -230,3 +234,15 @@ def test_it_keeps_celery_quiet_about_the_routine_sweep_only(
     messages = [r.getMessage() for r in caplog.records]
     assert [m for m in messages if sweep in m] == [f"Task {sweep}[1] raised unexpected: boom"]
     assert len([m for m in messages if other in m]) == 3
+
+
+@pytest.mark.parametrize(("value", "why"), [("0.2", "at least 1"), ("soon", "number of seconds"),
+                                            ("nan", "number of seconds")])
+def test_it_refuses_a_dashboard_that_would_ask_about_workers_nonstop(
+        value: str, why: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEGUARD_WORKERS_POLL_SECONDS", value)
+    with pytest.raises(ImproperlyConfigured, match=f"STATEGUARD_WORKERS_POLL_SECONDS.*{why}"):
+        runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))
+    monkeypatch.setenv("STATEGUARD_WORKERS_POLL_SECONDS", "5")
+    assert runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))[
+        "STATEGUARD_WORKERS_POLL_SECONDS"] == 5.0

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from stateguard_web.payments import reconcile
 from stateguard_web.runs.commands import cli_actor, os_actor
 
 
@@ -41,9 +42,6 @@ class Command(BaseCommand):
                                  "cli:<your login name>)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        # Here, not at the top: services pull in LangGraph and every agent.
-        from stateguard_web.payments import reconcile
-
         since = _since(options["since"]) if options["since"] else None
         by = (cli_actor(options["by"]) if options["by"] else os_actor()) if options["fix"] \
             else None
