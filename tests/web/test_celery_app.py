@@ -48,6 +48,11 @@ def test_it_gives_celery_every_celery_setting() -> None:
 
 
 def test_it_reads_settings_that_a_test_overrides(queue: redis.Redis) -> None:
+    # Celery copies a few settings (the default priority among them) into each task when it
+    # finalizes the app, on the first use of a task in the process: had that first use been
+    # inside the override, every later message of this process would carry priority 3 (and
+    # sit in Redis's "celery\x06\x163" list). Finalized first, as any earlier test would.
+    app.finalize(auto=True)
     with override_settings(CELERY_TASK_ALWAYS_EAGER=True, CELERY_TASK_DEFAULT_PRIORITY=3):
         assert app.conf.task_default_priority == 3
         # Run here, not queued: no run 0, so run_execute finds nothing to start.
