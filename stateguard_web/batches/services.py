@@ -32,7 +32,6 @@ checks for it before each item. Progress goes live to ``events.batch_group(code)
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections import Counter
 from datetime import datetime
@@ -49,8 +48,6 @@ from stateguard_web.batches import tasks, worker
 from stateguard_web.batches.worker import CHECKS, batch_counts
 from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Run
-
-logger = logging.getLogger("stateguard.batches")
 
 FILTERS = ("status", "agent", "q", "created_after", "created_before")  # selectors.run_list's
 

@@ -7,10 +7,10 @@ import logging
 import uuid
 
 from celery import Task, shared_task
-from django.conf import settings
 from django.utils import timezone
 
 from stateguard_web.batches import worker
+from stateguard_web.runs.tasks import sweep_message_expiry
 
 logger = logging.getLogger("stateguard.tasks")
 
@@ -32,9 +32,7 @@ def batch_sweep() -> int:
     (beat, every ``STATEGUARD_SWEEP_SECONDS``)."""
     stalled = worker.batch_stalled(timezone.now())
     for pk in stalled:
-        # Messages expire, so that sweeps piling up while the workers are down do not leave a
-        # burst of duplicates behind.
-        batch_process.apply_async((pk,), expires=5 * settings.STATEGUARD_SWEEP_SECONDS)
+        batch_process.apply_async((pk,), expires=sweep_message_expiry())
     if stalled:
         logger.info("sweep: %d batches handed to a worker again %s", len(stalled), stalled)
     return len(stalled)

@@ -242,6 +242,12 @@ def _due(runs: QuerySet[Run], now: datetime, *, again: Q | None = None) -> list[
     return pks
 
 
+def sweep_message_expiry() -> float:
+    """Seconds a message queued by a sweep lives: sweeps piling up while the workers are down
+    must not leave a burst of duplicates behind."""
+    return 5 * float(settings.STATEGUARD_SWEEP_SECONDS)
+
+
 @shared_task(acks_late=True, name=f"{NAMES}.sweep_expired_leases")
 def sweep_expired_leases() -> int:
     """Hand to another worker what no worker is doing: live runs whose worker stopped renewing
@@ -254,9 +260,7 @@ def sweep_expired_leases() -> int:
     whose worker died in the middle of a round still holds that worker's lease: recovery's."""
     now = timezone.now()
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
-    # Messages expire too, so that sweeps piling up while the workers are down do not leave
-    # a burst of duplicates behind.
-    expires = 5 * settings.STATEGUARD_SWEEP_SECONDS
+    expires = sweep_message_expiry()
     waits = Exists(Compensation.objects.filter(run=OuterRef("pk"),
                                                status=Compensation.Status.WAITING))
     dead = _due(Run.objects.filter(_abandoned(now), status__in=list(LIVE))
