@@ -24,6 +24,7 @@ from stateguard.exceptions import (
 )
 from stateguard.guarded_state import GuardedState
 from stateguard.journal import InMemoryJournal, Journal
+from stateguard.kinds import Retriable, StepKind
 from stateguard.records import (
     ApprovalStatus,
     CompensationStatus,
@@ -61,6 +62,7 @@ __all__ = [
     "InvariantInfo",
     "InvariantViolation",
     "Journal",
+    "Retriable",
     "RetryLater",
     "RunLocked",
     "RunNotFound",
@@ -70,6 +72,7 @@ __all__ = [
     "SqliteJournal",
     "StateGuardCheckpointer",
     "StateGuardError",
+    "StepKind",
     "StepStatus",
     "ToolCall",
     "ToolCallFailed",

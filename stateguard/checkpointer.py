@@ -56,6 +56,11 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
     ``compensations`` keys are node names or tags declared on nodes with
     ``builder.add_node(name, fn, metadata={"tags": ["payment"]})``. A node without a compensation
     is treated as having no external effect: nothing is undone for it.
+
+    ``kinds`` marks the saga's point of no return (``stateguard.kinds``): ``{"ship": "pivot",
+    "send_receipt": "retriable"}``, keyed like compensations. Once a pivot had its effect the
+    run only goes forward: a retriable step is retried (``step_retry``, or ``Retriable(retry)``
+    per key), and a failure past that holds the run ``needs_attention``, nothing undone.
     """
 
     def __init__(self, saver: BaseCheckpointSaver[Any] | None = None, *,
@@ -65,7 +70,9 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
                  on_error: OnError = "compensate", on_tool_error: OnToolError = "auto",
-                 lease_ttl: float = 60.0, lease_heartbeat: float | None = None) -> None:
+                 lease_ttl: float = 60.0, lease_heartbeat: float | None = None,
+                 kinds: Mapping[str, Any] | None = None,
+                 step_retry: CompensationRetry | None = None) -> None:
         if saver is None:
             saver = InMemorySaver()
         if not isinstance(saver, BaseCheckpointSaver):
@@ -85,7 +92,8 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
         self.core = GuardCore(invariants=invariants, compensations=compensations,
                               approvals=approvals, compensation_retry=compensation_retry,
                               journal=journal, on_event=on_event, lease_ttl=lease_ttl,
-                              lease_heartbeat=lease_heartbeat, on_tool_error=on_tool_error)
+                              lease_heartbeat=lease_heartbeat, on_tool_error=on_tool_error,
+                              kinds=kinds, step_retry=step_retry)
         self.on_error = on_error
         self._plain_runs = PlainRuns(self)
 

@@ -51,6 +51,8 @@ def _why(cause: Cause, report: UnwindReport) -> str:
     else:
         failed = {"operator": "an operator compensated it",
                   "crash": "its process stopped"}.get(cause.reason, cause.reason)
+    if report.held:  # past the pivot: nothing was rolled back
+        return f"Not done: this turn failed ({failed}); nothing was undone: {report.held}."
     undone = report.compensated
     return (f"Not done: this turn failed ({failed}) and was rolled back"
             + (f"; undone: {', '.join(undone)}" if undone else "") + ".")

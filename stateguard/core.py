@@ -21,7 +21,8 @@ from stateguard.exceptions import (
     InvariantViolation,
     RunLocked,
 )
-from stateguard.journal import InMemoryJournal, Journal
+from stateguard.journal import InMemoryJournal, Journal, turn_steps
+from stateguard.kinds import build_kinds, check_step_retry, held_reason
 from stateguard.records import ApprovalStatus, ErrorInfo, RunStatus
 from stateguard.report import UnwindReport
 from stateguard.retry import CompensationRetry
@@ -44,7 +45,8 @@ class GuardCore:
                  compensation_retry: CompensationRetry | None = None,
                  journal: Journal | None = None, on_event: EventCallback | None = None,
                  lease_ttl: float = 60.0, lease_heartbeat: float | None = None,
-                 on_tool_error: Any = "auto") -> None:
+                 on_tool_error: Any = "auto", kinds: Mapping[str, Any] | None = None,
+                 step_retry: CompensationRetry | None = None) -> None:
         if compensation_retry is not None and not isinstance(compensation_retry,
                                                              CompensationRetry):
             raise ConfigurationError("compensation_retry must be a CompensationRetry")
@@ -58,9 +60,13 @@ class GuardCore:
             lease_heartbeat = lease_ttl / 3
         if not isinstance(lease_heartbeat, (int, float)) or not 0 < lease_heartbeat < lease_ttl:
             raise ConfigurationError("lease_heartbeat must be positive and below lease_ttl")
+        check_step_retry(step_retry, "step_retry")
+        step_kinds, step_retries = build_kinds(kinds)
         self.spec = GuardSpec(build_invariants(invariants), build_compensations(compensations),
                               build_approvals(approvals), compensation_retry or CompensationRetry(),
-                              build_tool_error_policy(on_tool_error))
+                              build_tool_error_policy(on_tool_error), kinds=step_kinds,
+                              step_retries=step_retries,
+                              step_retry=step_retry or CompensationRetry())
         self.journal: Journal = journal if journal is not None else InMemoryJournal(
             undoable=lambda step: self.spec.compensation_for(step.node, step.tags) is not None)
         self.on_event = on_event
@@ -171,10 +177,27 @@ class GuardCore:
                                           approval.step_id,
                                           {"decision": str(ApprovalStatus.REJECTED), "by": by}))
 
+    def held_past_pivot(self, run_id: str, cause: Cause) -> UnwindReport | None:
+        """Hold the run ``needs_attention`` instead of unwinding it when its turn passed its
+        pivot (``stateguard.kinds``): undoing the steps before the point of no return would
+        undo half a saga. The run's error says why; ``None`` if it may be unwound."""
+        why = held_reason(turn_steps(self.journal, run_id))
+        if why is None:
+            return None
+        error = cause.error or ErrorInfo("NotUnwound", cause.reason)
+        self.journal.run_set_status(run_id, RunStatus.NEEDS_ATTENTION, ErrorInfo(
+            error.type, f"{error.message}; not unwound: {why}", error.traceback))
+        emit(self.on_event, Event("run.status", run_id, data={
+            "status": str(RunStatus.NEEDS_ATTENTION), "reason": why}))
+        return UnwindReport(run_id, cause.reason, held=why)
+
     def unwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
                triggered_by: str = "automatic", fallback_state: Any = None,
                only: str | None = None) -> UnwindReport:
         self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
+        held = self.held_past_pivot(run_id, cause)
+        if held is not None:
+            return held
         return unwind(self.journal, run_id, self.spec, cause, include_in_doubt=include_in_doubt,
                       triggered_by=triggered_by, fallback_state=fallback_state,
                       on_event=self.on_event, check=lambda: self.check_lease(run_id), only=only)
@@ -183,6 +206,9 @@ class GuardCore:
                       triggered_by: str = "automatic", fallback_state: Any = None,
                       only: str | None = None) -> UnwindReport:
         self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
+        held = self.held_past_pivot(run_id, cause)
+        if held is not None:
+            return held
         return await aunwind(self.journal, run_id, self.spec, cause,
                              include_in_doubt=include_in_doubt, triggered_by=triggered_by,
                              fallback_state=fallback_state, on_event=self.on_event,

@@ -13,7 +13,9 @@ Each node of the compiled graph is wrapped so that, around the node body, in eve
 
 from __future__ import annotations
 
+import asyncio
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,14 @@ from stateguard.approvals import approval_gate
 from stateguard.blame import bubbled_up, from_the_store, tag_node
 from stateguard.effects import recording
 from stateguard.events import Event, emit
-from stateguard.exceptions import InvariantViolation
+from stateguard.exceptions import ConfigurationError, InvariantViolation
+from stateguard.kinds import (
+    StepKind,
+    kind_keywords,
+    reachable_only_after,
+    refusal_after_pivot,
+    retry_delay,
+)
 from stateguard.records import ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
 from stateguard.subgraphs import mark_subgraphs
@@ -34,6 +43,7 @@ from stateguard.tools import install, tool_nodes, tools_of
 
 if TYPE_CHECKING:
     from stateguard.core import GuardCore
+    from stateguard.spec import GuardSpec
 
 # Marks a run driven by the guard's runner (guard.invoke & co.), which settles its turn itself
 # (stateguard.plain_runs settles the turns of a plain graph.invoke).
@@ -68,6 +78,7 @@ def instrument_graph(graph: Pregel[Any, Any, Any, Any], core: GuardCore) -> None
                                           for name, node in nodes.items()}, runnables)
         with_tools = tool_nodes(runnables)
         core.spec.validate_names(tags, tools_of(with_tools))
+        check_order(core.spec, graph, tags, with_tools)
         for tool_node in with_tools.values():
             install(tool_node, graph.channels)  # tool calls are steps (stateguard.tools)
         for name, node in nodes.items():
@@ -76,6 +87,32 @@ def instrument_graph(graph: Pregel[Any, Any, Any, Any], core: GuardCore) -> None
                                         recurse=False)
             runnable.stateguard_wrapper = wrapper  # type: ignore[attr-defined]
             graph.nodes[name] = node.copy({"bound": runnable})
+
+
+def check_order(spec: GuardSpec, graph: Pregel[Any, Any, Any, Any],
+                tags: Mapping[str, tuple[str, ...]], with_tools: Mapping[str, Any]) -> None:
+    """Refuse a graph in which a node with a compensation (or a ``ToolNode`` with a
+    compensatable tool) can run only after a pivot node: its effect could never be undone."""
+    pivots = {n for n, t in tags.items() if spec.kind_for(n, t) == StepKind.PIVOT}
+    builder = getattr(graph, "builder", None)
+    if not pivots or builder is None:
+        return
+    tools = tools_of(with_tools)
+
+    def undoable(node: str) -> bool:
+        if spec.kind_for(node, tags[node]) == StepKind.COMPENSATABLE and spec.compensation_for(
+                node, tags[node]) is not None:
+            return True
+        calls = tools_of({node: with_tools[node]}) if node in with_tools else {}
+        return any(spec.kind_for(t, tools[t]) == StepKind.COMPENSATABLE
+                   and spec.compensation_for(t, tools[t]) is not None for t in calls)
+
+    after = sorted(n for n in reachable_only_after(builder, pivots) if n in tags and undoable(n))
+    if after:
+        raise ConfigurationError(
+            f"{after} can run only after the pivot {sorted(pivots)} (the point of no return) "
+            "and have compensations that would never run: make them retriable (kinds), or "
+            "move them before the pivot")
 
 
 def is_instrumented(graph: Pregel[Any, Any, Any, Any]) -> bool:
@@ -94,26 +131,44 @@ class _NodeWrapper:
         self.name, self.tags, self.inner, self.core, self.channels = (
             name, tags, inner, core, channels)
         self.approval = core.spec.approvals.get(name, False)
+        self.kind = core.spec.kind_for(name, tags)
+        self.retry = core.spec.retry_for(name, tags)
 
     def run(self, state: Any, config: RunnableConfig) -> Any:
         run_id, step_id, values = self._before(state, config)
-        try:
-            with recording(self.core.journal, run_id, step_id, self.name):
-                result = self.inner.invoke(state, config)
-        except BaseException as exc:
-            self._failed(run_id, step_id, exc)
-            raise
-        return self._after(run_id, step_id, values, result)
+        attempt = 1
+        while True:  # more than once for a retriable step only (stateguard.kinds)
+            try:
+                with recording(self.core.journal, run_id, step_id, self.name):
+                    result = self.inner.invoke(state, config)
+            except BaseException as exc:
+                self._failed(run_id, step_id, exc)
+                delay = retry_delay(self.retry, exc, attempt)
+                if delay is None:
+                    raise
+                time.sleep(delay)
+                attempt += 1
+                self._start(run_id, step_id)
+                continue
+            return self._after(run_id, step_id, values, result)
 
     async def arun(self, state: Any, config: RunnableConfig) -> Any:
         run_id, step_id, values = self._before(state, config)
-        try:
-            with recording(self.core.journal, run_id, step_id, self.name):
-                result = await self.inner.ainvoke(state, config)
-        except BaseException as exc:
-            self._failed(run_id, step_id, exc)
-            raise
-        return self._after(run_id, step_id, values, result)
+        attempt = 1
+        while True:
+            try:
+                with recording(self.core.journal, run_id, step_id, self.name):
+                    result = await self.inner.ainvoke(state, config)
+            except BaseException as exc:
+                self._failed(run_id, step_id, exc)
+                delay = retry_delay(self.retry, exc, attempt)
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+                attempt += 1
+                self._start(run_id, step_id)
+                continue
+            return self._after(run_id, step_id, values, result)
 
     def _before(self, state: Any, config: RunnableConfig) -> tuple[str, str, dict[str, Any]]:
         conf = config.get("configurable", {})
@@ -130,13 +185,22 @@ class _NodeWrapper:
                                        "phase": "before"}))
             tag_node(exc, self.name)
             raise exc
+        refused = refusal_after_pivot(core, run_id, self.name, self.tags, self.kind)
+        if refused is not None:
+            raise tag_node(refused, self.name)
+        self._start(run_id, step_id)
+        return run_id, step_id, values
+
+    def _start(self, run_id: str, step_id: str) -> None:
+        """Journal the step as started (again, for each attempt of a retriable step)."""
+        core = self.core
         core.check_lease(run_id)
         with from_the_store():
-            _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags)
+            _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags,
+                                                  **kind_keywords(self.kind))
         if core.on_event is not None:  # the hot path: build events only for a listener
             emit(core.on_event, Event("step.started", run_id, self.name, step_id,
                                       {"in_doubt_rerun": previous == StepStatus.STARTED}))
-        return run_id, step_id, values
 
     def _gate(self, run_id: str, step_id: str, values: dict[str, Any]) -> None:
         predicate = self.approval

@@ -60,8 +60,12 @@ class Journal(Protocol):
     def lock_release(self, run_id: str, owner: str) -> None: ...
 
     def step_start(self, run_id: str, step_id: str, node: str,
-                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
-        """Record that a step's body is about to run; return it and its previous status, if any."""
+                   tags: tuple[str, ...] = (), *, kind: str = "compensatable"
+                   ) -> tuple[StepRecord, StepStatus | None]:
+        """Record that a step's body is about to run, and its kind (``stateguard.kinds``);
+        return it and its previous status, if any. (The guard passes ``kind`` only for a step
+        that is not compensatable: a journal written before kinds existed keeps working for
+        guards that declare none.)"""
 
     def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
                     state_after: Any = None, error: ErrorInfo | None = None) -> None:
@@ -278,14 +282,15 @@ class InMemoryJournal:
                 run.lock_owner, run.lock_expires = None, 0.0
 
     def step_start(self, run_id: str, step_id: str, node: str,
-                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
+                   tags: tuple[str, ...] = (), *, kind: str = "compensatable"
+                   ) -> tuple[StepRecord, StepStatus | None]:
         with self._lock:
             steps = self._steps.setdefault(run_id, {})
             prev = steps.get(step_id)
             run = self._runs.get(run_id)
             step = StepRecord(run_id, step_id, node, tags,
                               attempt=prev.attempt + 1 if prev else 1,
-                              turn=run.turn if run is not None else 1)
+                              turn=run.turn if run is not None else 1, kind=str(kind))
             steps[step_id] = step
             return step, prev.status if prev else None
 

@@ -19,6 +19,8 @@ from stateguard.conversation import aanswer_tool_calls, answer_tool_calls
 from stateguard.events import Event, emit
 from stateguard.exceptions import ApprovalRejected, ConfigurationError, InvalidRunState
 from stateguard.instrument import node_tags
+from stateguard.journal import turn_steps
+from stateguard.kinds import pivot_of, pivot_refusal
 from stateguard.lifecycle import Action, check
 from stateguard.records import (
     RETRYABLE_COMPENSATIONS,
@@ -123,6 +125,7 @@ class GuardOperations(GuardRunner):
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             check(Action.REJECT, self._run_record(run_id).status, run=run_id)
+            self._refuse_past_pivot(run_id, "reject")
             cause = self._rejection(paused_tasks(graph.get_state(config)), run_id, node,
                                     step_id, by, reason)
             report = self.core.unwind(run_id, cause, triggered_by=by or "operator",
@@ -136,6 +139,7 @@ class GuardOperations(GuardRunner):
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             check(Action.REJECT, self._run_record(run_id).status, run=run_id)
+            self._refuse_past_pivot(run_id, "reject")
             snapshot = await graph.aget_state(config)
             cause = self._rejection(paused_tasks(snapshot), run_id, node, step_id, by, reason)
             report = await self.core.aunwind(run_id, cause, triggered_by=by or "operator",
@@ -192,6 +196,7 @@ class GuardOperations(GuardRunner):
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
+            self._refuse_past_pivot(run_id, "compensate")
             return self._compensate(graph, config, run_id, by, reason)
 
     async def acompensate(self, graph: Graph, config: RunnableConfig, *, by: str = "operator",
@@ -199,6 +204,7 @@ class GuardOperations(GuardRunner):
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
+            self._refuse_past_pivot(run_id, "compensate")
             snapshot = await graph.aget_state(config)
             self._reconcile(graph, snapshot, run_id)
             cause = Cause(reason)
@@ -207,6 +213,13 @@ class GuardOperations(GuardRunner):
                                              fallback_state=state_values(snapshot.values))
             await aanswer_tool_calls(graph, config, cause, report)
             return report
+
+    def _refuse_past_pivot(self, run_id: str, action: str) -> None:
+        """An operator may not unwind a run past its pivot (``stateguard.kinds``): it would
+        undo the steps before the point of no return and not the pivot, half a saga."""
+        why = pivot_refusal(turn_steps(self.core.journal, run_id), run=run_id, action=action)
+        if why is not None:
+            raise InvalidRunState(why)
 
     def _compensate(self, graph: Graph, config: RunnableConfig, run_id: str, by: str,
                     reason: str | Cause, *, reconcile: bool = True) -> UnwindReport:
@@ -317,6 +330,10 @@ class GuardOperations(GuardRunner):
         checked, and it succeeds or unwinds on a violation. Unwinding it for the crash would
         undo a saga that completed.
 
+        A run whose turn passed its pivot (``stateguard.kinds``) is resumed, whatever
+        ``resume`` says: it only goes forward. One that died inside its pivot is held
+        ``needs_attention``: whether the pivot happened is unknown, so neither is safe.
+
         A compensating run whose compensations wait (``RetryLater``) is what recovery runs
         the next round of, once their ``retry_at`` has come: the unwind goes on (``ctx.reason``
         ``"retry"``, ``ctx.error`` the run's error), skipping what was undone already."""
@@ -327,6 +344,12 @@ class GuardOperations(GuardRunner):
             # Against the checkpoint the dead process left: _finished may write the next one,
             # whose new tasks never started.
             self._reconcile(graph, graph.get_state(config), run_id)
+            passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
+            if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
+                # Died inside its pivot: neither unwinding nor running it again is safe.
+                return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
+            # Past its pivot a run only goes forward: resumed, the step in doubt run again.
+            resume = resume or passed is not None
             if run.status == RunStatus.RUNNING and (resume or self._finished(graph, config)):
                 self.core.set_status(run_id, RunStatus.RUNNING)
                 return self._run(graph, None, config, {})

@@ -153,6 +153,10 @@ class StepRecord:
     state_after: Any = None  # the state with the node's writes applied
     error: ErrorInfo | None = None
     turn: int = 1  # the run's turn when the step started
+    # Its saga kind when it started (stateguard.kinds.StepKind): "compensatable", "pivot" or
+    # "retriable". The unwind reads it from here, not from the guard's settings: a run is judged
+    # by what its steps were when they ran.
+    kind: str = "compensatable"
 
 
 @dataclass(slots=True)

@@ -34,10 +34,13 @@ class UnwindReport:
     run_id: str
     reason: str
     outcomes: tuple[CompensationOutcome, ...] = field(default_factory=tuple)
+    # Why nothing was undone, when the run could not be unwound: it passed its pivot (the
+    # point of no return, ``stateguard.kinds``) and waits for a person instead.
+    held: str = ""
 
     @property
     def needs_attention(self) -> bool:
-        return any(o.status in STUCK_COMPENSATIONS for o in self.outcomes)
+        return bool(self.held) or any(o.status in STUCK_COMPENSATIONS for o in self.outcomes)
 
     @property
     def waiting(self) -> bool:
@@ -56,6 +59,8 @@ class UnwindReport:
                 raise CompensationFailed(o.node, [str(e) for e in o.errors])
 
     def summary(self) -> str:
+        if self.held:
+            return f"NEEDS ATTENTION; nothing undone: {self.held}"
         if not self.outcomes:
             return "nothing to compensate"
         state = ("NEEDS ATTENTION; " if self.needs_attention

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stateguard.exceptions import ConfigurationError, InvariantViolation
+from stateguard.kinds import StepKind
 from stateguard.retry import CompensationRetry
 
 State = dict[str, Any]
@@ -140,6 +141,33 @@ class GuardSpec:
     # What a tool error that ToolNode told the model does (stateguard.tools): "auto",
     # "compensate" or "model", or a mapping of tool name or tag to one of them.
     on_tool_error: str | Mapping[str, str] = "auto"
+    # Step kinds by node, tag, tool or tool tag (stateguard.kinds); a step with none is
+    # compensatable. ``step_retries``: the retry settings given with a kind (Retriable), else
+    # ``step_retry`` for every retriable step.
+    kinds: Mapping[str, StepKind] = field(default_factory=dict)
+    step_retries: Mapping[str, CompensationRetry] = field(default_factory=dict)
+    step_retry: CompensationRetry = field(default_factory=CompensationRetry)
+
+    def kind_for(self, node: str, tags: Iterable[str] = ()) -> StepKind:
+        for key in (node, *tags):
+            found = self.kinds.get(key)
+            if found is not None:
+                return found
+        return StepKind.COMPENSATABLE
+
+    def retry_for(self, node: str, tags: Iterable[str] = ()) -> CompensationRetry | None:
+        """How a retriable step is retried; ``None`` for a step of another kind (one
+        attempt: LangGraph's own ``retry_policy`` on the node still applies)."""
+        for key in (node, *tags):
+            if key in self.kinds:
+                if self.kinds[key] != StepKind.RETRIABLE:
+                    return None
+                return self.step_retries.get(key, self.step_retry)
+        return None
+
+    @property
+    def has_pivot(self) -> bool:
+        return StepKind.PIVOT in self.kinds.values()
 
     def tool_error_policy(self, tool: str, tags: Iterable[str] = ()) -> str:
         policy = self.on_tool_error
@@ -187,6 +215,19 @@ class GuardSpec:
         if unknown:
             raise ConfigurationError(
                 f"approvals name no node or tool of the graph: {unknown}; {known}")
+        unknown = sorted(k for k in self.kinds
+                         if k not in nodes and k not in tags and k not in tools
+                         and k not in tool_tags)
+        if unknown:
+            raise ConfigurationError(
+                f"kinds name no node, tool or tag of the graph: {unknown}; {known}")
+        undone = sorted(name for name, name_tags in (*nodes.items(), *tools.items())
+                        if self.kind_for(name, name_tags) == StepKind.PIVOT
+                        and self.compensation_for(name, name_tags) is not None)
+        if undone:
+            raise ConfigurationError(
+                f"{undone} are pivots (kinds) and have compensations: a pivot is the step "
+                "that cannot be undone; drop its compensation, or make it compensatable")
         if not isinstance(self.on_tool_error, str):
             unknown = sorted(k for k in self.on_tool_error
                              if k not in tools and k not in tool_tags)

@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS sg_steps (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL, tags TEXT NOT NULL,
     status TEXT NOT NULL, attempt INTEGER NOT NULL, started_at REAL NOT NULL,
     finished_at REAL, done_seq INTEGER, update_json TEXT, state_after TEXT, error TEXT,
-    prev_status TEXT, turn INTEGER NOT NULL DEFAULT 1, PRIMARY KEY (run_id, step_id));
+    prev_status TEXT, turn INTEGER NOT NULL DEFAULT 1,
+    kind TEXT NOT NULL DEFAULT 'compensatable', PRIMARY KEY (run_id, step_id));
 CREATE TABLE IF NOT EXISTS sg_compensations (
     run_id TEXT NOT NULL, step_id TEXT NOT NULL, node TEXT NOT NULL,
     idempotency_key TEXT NOT NULL, status TEXT NOT NULL, triggered_by TEXT NOT NULL,
@@ -67,7 +68,8 @@ CREATE INDEX IF NOT EXISTS sg_effects_undoes ON sg_effects (provider, undoes);
 # Columns added since the first release, added to a file made before them.
 _ADDED_COLUMNS = (("sg_runs", "turn", "INTEGER NOT NULL DEFAULT 1"),
                   ("sg_steps", "turn", "INTEGER NOT NULL DEFAULT 1"),
-                  ("sg_compensations", "retry_at", "REAL"))
+                  ("sg_compensations", "retry_at", "REAL"),
+                  ("sg_steps", "kind", "TEXT NOT NULL DEFAULT 'compensatable'"))
 _EFFECT_COLUMNS = ("run_id, step_id, node, provider, kind, external_id, amount, currency, "
                    "idempotency_key, undoes, status, recorded_at")
 
@@ -93,13 +95,13 @@ def _error(text: str | None) -> ErrorInfo | None:
 
 
 _STEP_COLUMNS = ("step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
-                 " update_json, state_after, error, turn")
+                 " update_json, state_after, error, turn, kind")
 
 
 def _step(run_id: str, r: tuple[Any, ...]) -> StepRecord:
     """A step from the columns of ``_STEP_COLUMNS``."""
     return StepRecord(run_id, r[0], r[1], tuple(json.loads(r[2])), StepStatus(r[3]), r[4], r[5],
-                      r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]), r[11])
+                      r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]), r[11], r[12])
 
 
 class SqliteJournal:
@@ -216,21 +218,22 @@ class SqliteJournal:
 
     # -- steps ------------------------------------------------------------------------------
     def step_start(self, run_id: str, step_id: str, node: str,
-                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
-        step = StepRecord(run_id, step_id, node, tuple(tags))
+                   tags: tuple[str, ...] = (), *, kind: str = "compensatable"
+                   ) -> tuple[StepRecord, StepStatus | None]:
+        step = StepRecord(run_id, step_id, node, tuple(tags), kind=str(kind))
         # One statement: SET expressions see the old row, so prev_status keeps the status the
         # step had before this start (STARTED means a previous run of it never finished).
         # The step belongs to the run's current turn (a step started again keeps its turn).
         row = self._db().execute(
             "INSERT INTO sg_steps (run_id, step_id, node, tags, status, attempt, started_at,"
-            " turn) VALUES (?, ?, ?, ?, ?, 1, ?, COALESCE((SELECT turn FROM sg_runs"
-            " WHERE run_id = ?), 1)) ON CONFLICT (run_id, step_id) DO UPDATE SET"
+            " turn, kind) VALUES (?, ?, ?, ?, ?, 1, ?, COALESCE((SELECT turn FROM sg_runs"
+            " WHERE run_id = ?), 1), ?) ON CONFLICT (run_id, step_id) DO UPDATE SET"
             " prev_status = status, status = excluded.status, attempt = attempt + 1,"
             " started_at = excluded.started_at, finished_at = NULL, done_seq = NULL,"
-            " update_json = NULL, state_after = NULL, error = NULL"
+            " update_json = NULL, state_after = NULL, error = NULL, kind = excluded.kind"
             " RETURNING attempt, prev_status, turn",
             (run_id, step_id, node, json.dumps(list(tags)), step.status.value,
-             step.started_at, run_id)).fetchone()
+             step.started_at, run_id, step.kind)).fetchone()
         step.attempt, step.turn = row[0], row[2]
         return step, StepStatus(row[1]) if row[1] else None
 

@@ -38,9 +38,11 @@ on the graph's own ``ToolNode`` objects; and the config keys ``__pregel_checkpoi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import hashlib
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
@@ -56,6 +58,7 @@ from stateguard.effects import EffectLedger, recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
 from stateguard.journal import find_step, turn_steps
+from stateguard.kinds import kind_keywords, refusal_after_pivot, retry_delay
 from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
 from stateguard.tool_calls import TOOL_TAG, ToolCall
@@ -154,6 +157,8 @@ class _Call:
         self.args = dict(call.get("args") or {})
         tool = request.tool
         self.tags = (*(str(t) for t in (getattr(tool, "tags", None) or ())), TOOL_TAG)
+        self.kind = core.spec.kind_for(self.name, self.tags)
+        self.retry = core.spec.retry_for(self.name, self.tags)
 
 
 class _ToolCallGuard:
@@ -169,14 +174,27 @@ class _ToolCallGuard:
         replayed = self._replay(call)
         if replayed is not None:
             return replayed
+        refused = self._refused(call)
+        if refused is not None:
+            return refused
         self._start(call)
-        try:
-            with recording(call.core.journal, call.run_id, call.step_id, call.name):
-                out = user(request, execute) if user else execute(request)
-        except BaseException as exc:
-            self._failed(call, exc)
-            raise
-        return self._finish(call, out)
+        attempt = 1
+        while True:  # more than once for a retriable tool only (stateguard.kinds)
+            try:
+                with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    out = user(request, execute) if user else execute(request)
+            except BaseException as exc:
+                self._failed(call, exc)
+                delay = retry_delay(call.retry, exc, attempt)
+                if delay is None:
+                    raise
+            else:
+                delay = self._again(call, out, attempt)
+                if delay is None:
+                    return self._finish(call, out)
+            time.sleep(delay)
+            attempt += 1
+            self._start(call)
 
     async def awrap(self, user: Callable[..., Awaitable[Any]] | None, request: ToolCallRequest,
                     execute: Callable[[ToolCallRequest], Awaitable[Any]]) -> Any:
@@ -186,14 +204,27 @@ class _ToolCallGuard:
         replayed = self._replay(call)
         if replayed is not None:
             return replayed
+        refused = self._refused(call)
+        if refused is not None:
+            return refused
         self._start(call)
-        try:
-            with recording(call.core.journal, call.run_id, call.step_id, call.name):
-                out = await (user(request, execute) if user else execute(request))
-        except BaseException as exc:
-            self._failed(call, exc)
-            raise
-        return self._finish(call, out)
+        attempt = 1
+        while True:
+            try:
+                with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    out = await (user(request, execute) if user else execute(request))
+            except BaseException as exc:
+                self._failed(call, exc)
+                delay = retry_delay(call.retry, exc, attempt)
+                if delay is None:
+                    raise
+            else:
+                delay = self._again(call, out, attempt)
+                if delay is None:
+                    return self._finish(call, out)
+            await asyncio.sleep(delay)
+            attempt += 1
+            self._start(call)
 
     # -- the steps --------------------------------------------------------------------------
     @staticmethod
@@ -231,10 +262,36 @@ class _ToolCallGuard:
         return ToolMessage(content=journaled.content, artifact=journaled.artifact,
                            tool_call_id=call.call_id, name=call.name, status="success")
 
+    def _refused(self, call: _Call) -> ToolMessage | None:
+        """A compensatable call the model makes after the turn's pivot never runs: it fails
+        its node (which holds the run for a person; nothing is undone past a pivot)."""
+        refused = refusal_after_pivot(call.core, call.run_id, call.name, call.tags, call.kind)
+        if refused is None:
+            return None
+        self._fail_node(call, str(refused))
+        return ToolMessage(content=f"Not run: {refused}", tool_call_id=call.call_id,
+                           name=call.name, status="error")
+
+    def _again(self, call: _Call, out: Any, attempt: int) -> float | None:
+        """For a retriable tool whose error ``ToolNode`` turned into a message: journal the
+        attempt failed and return the wait before the next one (``None``: keep the answer)."""
+        message = _tool_message(out, call.call_id)
+        if call.retry is None or message is None or message.status != "error":
+            return None
+        delay = retry_delay(call.retry, ToolCallFailed(call.name, call.call_id,
+                                                       str(message.content)), attempt)
+        if delay is not None:
+            call.core.journal.step_finish(
+                call.run_id, call.step_id, StepStatus.FAILED,
+                update=self._record(call, "error", message.content, None).as_update(),
+                error=ErrorInfo("ToolError", str(message.content)))
+        return delay
+
     def _start(self, call: _Call) -> None:
         core = call.core
         core.check_lease(call.run_id)
-        _, previous = core.journal.step_start(call.run_id, call.step_id, call.name, call.tags)
+        _, previous = core.journal.step_start(call.run_id, call.step_id, call.name, call.tags,
+                                              **kind_keywords(call.kind))
         emit(core.on_event, Event("step.started", call.run_id, call.name, call.step_id,
                                   {"tool_call_id": call.call_id, "args": call.args,
                                    "in_doubt_rerun": previous == StepStatus.STARTED}))

@@ -3,12 +3,14 @@ line so that tests can run each part of a saga in its own process.
 
     python -m tests.core.procs DIR THREAD ACTION [--approve-c] [--safe-c] [--hang-at NODE]
         [--die-after-writes NODE] [--lose-finish NODE] [--resume] [--lease SECONDS] [--drop-in]
+        [--pivot]
 
 ACTION is one of: invoke, approve, reject, recover, status. ``--die-after-writes`` ends the
 process (``os._exit``) right after LangGraph saved NODE's writes, before the checkpoint that
 applies them; ``--lose-finish`` drops the journal's record that NODE finished, as if the process
 had died between the two writes. ``--drop-in`` runs the graph in the drop-in form
-(``builder.compile(checkpointer=guard)`` and a plain ``graph.invoke``). Effects and
+(``builder.compile(checkpointer=guard)`` and a plain ``graph.invoke``). ``--pivot`` makes b the
+pivot (``kinds``) and c and d retriable, with a compensation for a alone. Effects and
 compensations are appended to DIR/effects.log (one line each, so the test can count them
 across processes).
 """
@@ -61,6 +63,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--lease", type=float, default=60.0)
     parser.add_argument("--drop-in", action="store_true")
+    parser.add_argument("--pivot", action="store_true")
     args = parser.parse_args(argv)
     directory: Path = args.dir
 
@@ -86,6 +89,10 @@ def main(argv: list[str]) -> int:
 
     compensations: dict[str, Any] = {n: undo(n) for n in NODES}
     compensations["c"] = Compensation(undo("c"), in_doubt_safe=args.safe_c)
+    kinds: dict[str, str] = {}
+    if args.pivot:  # a is compensatable, b the pivot, c and d retriable (no compensation)
+        compensations = {"a": compensations["a"]}
+        kinds = {"b": "pivot", "c": "retriable", "d": "retriable"}
     class Saver(SqliteSaver):
         def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
             super().put_writes(config, writes, task_id, task_path)
@@ -94,12 +101,12 @@ def main(argv: list[str]) -> int:
 
     class Journal(SqliteJournal):
         def step_start(self, run_id: str, step_id: str, node: str,
-                       tags: tuple[str, ...] = ()) -> Any:
+                       tags: tuple[str, ...] = (), **kw: Any) -> Any:
             if node in after_death:
                 # As in Effects.append: the next node may start before the saved writes end
                 # us, and a step journaled as started would be in doubt. Wait to be ended.
                 time.sleep(30)
-            return super().step_start(run_id, step_id, node, tags)
+            return super().step_start(run_id, step_id, node, tags, **kw)
 
         def step_finish(self, run_id: str, step_id: str, status: Any, **kw: Any) -> None:
             if not any(s.step_id == step_id and s.node == args.lose_finish
@@ -110,7 +117,8 @@ def main(argv: list[str]) -> int:
     guard = StateGuardCheckpointer(
         Saver(conn), journal=Journal(directory / "journal.db"),
         compensations=compensations, approvals=["c"] if args.approve_c else None,
-        compensation_retry=CompensationRetry(attempts=2, initial=0.001), lease_ttl=args.lease)
+        compensation_retry=CompensationRetry(attempts=2, initial=0.001), lease_ttl=args.lease,
+        kinds=kinds, step_retry=CompensationRetry(attempts=2, initial=0.001))
     builder = line_builder(NODES, Effects())
     graph = builder.compile(checkpointer=guard) if args.drop_in else guard.compile(builder)
     config = {"configurable": {"thread_id": args.thread}}

@@ -13,8 +13,9 @@ EXPECTED = {
     "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "record_effect",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
-    "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView", "SagaAborted",
-    "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepStatus",
+    "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",
+    "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepKind",
+    "StepStatus",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 
