@@ -62,6 +62,8 @@ class AgentSpec:
     on_error: OnError = "compensate"
     on_crash: Literal["unwind", "resume"] = "unwind"
     compensation_retry: CompensationRetry | None = None  # None: the core's default
+    # Step kinds (stateguard.kinds): the pivot, the point of no return, and retriable steps.
+    kinds: Mapping[str, Any] = field(default_factory=dict)
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -84,7 +86,8 @@ class AgentSpec:
                          for key, c in self.compensations.items()}
         return {"invariants": list(self.invariants), "compensations": compensations,
                 "approvals": self.approvals or None, "on_error": self.on_error,
-                "compensation_retry": patient(self.compensation_retry or CompensationRetry())}
+                "compensation_retry": patient(self.compensation_retry or CompensationRetry()),
+                "kinds": self.kinds or None}
 
 
 Factory = Callable[[AgentSettings], AgentSpec]

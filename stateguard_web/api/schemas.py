@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from stateguard.effects import EffectStatus
+from stateguard.kinds import StepKind
 from stateguard.records import ApprovalStatus, CompensationStatus, RunStatus, StepStatus
 from stateguard_web.runs import runtime
 from stateguard_web.sagas.models import Batch, BatchItem
@@ -205,6 +206,9 @@ class StepOut(Out):
     node: str
     step_id: str
     status: StepStatus
+    kind: StepKind = Field(description="its saga kind: compensatable steps are undone when the "
+                                       "run unwinds; once a pivot succeeded, nothing is "
+                                       "undone; retriable steps are retried")
     attempt: int
     started_at: datetime
     finished_at: datetime | None

@@ -213,6 +213,8 @@ class RunPage:
     refundable: set[int] = field(default_factory=set)  # the ledger's charges to offer a refund
     # A compensating run whose compensations wait: when the sweeper gives them their next round.
     next_attempt: datetime | None = None
+    # Why compensate and reject are not offered: the run passed its pivot (stateguard.kinds).
+    past_pivot: str | None = None
 
     @property
     def run_actions(self) -> set[str]:
@@ -235,6 +237,10 @@ def run_page(*, run: Run, user: Any) -> RunPage:
                if a in lifecycle.REQUESTS} if can_operate else set()
     if not pending:
         actions -= {Action.APPROVE, Action.REJECT}
+    past_pivot = (selectors.run_pivot_refusal(run=run)
+                  if actions & {Action.COMPENSATE, Action.REJECT} else None)
+    if past_pivot is not None:  # the service would refuse them: offer no button
+        actions -= {Action.COMPENSATE, Action.REJECT}
     failed_step = next((s for s in reversed(steps) if s.status == Step.Status.FAILED), None)
     views = _step_views(run, steps, compensations)
     page = RunPage(
@@ -245,7 +251,7 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         violation_state=violated[-1].state_after if violated else None,
         graph_svg=_graph(run, views, compensations, pending), actions=actions,
         failed_step=failed_step, request=waiting, can_operate=can_operate,
-        next_attempt=next_attempt(run, compensations))
+        next_attempt=next_attempt(run, compensations), past_pivot=past_pivot)
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):

@@ -13,7 +13,9 @@ from django.db import connection
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
+from stateguard import kinds
 from stateguard.instrument import node_tags
+from stateguard.records import StepRecord, StepStatus
 from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.lib import rows as sql_rows
 from stateguard_web.runs import runtime
@@ -34,6 +36,16 @@ class RunNotFound(LookupError):
 
 class NotFound(LookupError):
     """No such approval or compensation (where the caller may look)."""
+
+
+def run_pivot_refusal(*, run: Run, action: str = "compensate") -> str | None:
+    """Why ``action`` (an operator's compensate or reject) may not unwind ``run``: it passed
+    its pivot, or stopped inside it (``stateguard.kinds``); ``None`` if it may. The run's pivot
+    steps only: a query that returns no row for a run with no pivot."""
+    pivots = [StepRecord(str(run.code), step_id, node, status=StepStatus(status), kind=kind)
+              for step_id, node, status, kind in run.steps.filter(
+                  kind=kinds.StepKind.PIVOT).values_list("step_id", "node", "status", "kind")]
+    return kinds.pivot_refusal(pivots, run=str(run.code), action=action)
 
 
 def run_get(*, code: str | uuid.UUID, detail: bool = False) -> Run:
@@ -100,7 +112,8 @@ _VIOLATION = re.compile(r"invariant (['\"])(?P<name>.*?)\1 violated[^:]*: (?P<me
 
 
 # What run_detail shows of each relation of a run: its fields, in order, and which are times.
-_STEP = ("node", "step_id", "status", "attempt", "started_at", "finished_at", "update", "error")
+_STEP = ("node", "step_id", "status", "kind", "attempt", "started_at", "finished_at", "update",
+         "error")
 _ATTEMPT = ("number", "ok", "started_at", "finished_at", "result", "error")
 _COMPENSATION = ("id", "node", "step_id", "status", "triggered_by", "idempotency_key",
                  "retry_at", "created_at", "updated_at")

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from stateguard import lifecycle
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
-from stateguard_web.runs import runtime, tasks
+from stateguard_web.runs import runtime, selectors, tasks
 from stateguard_web.sagas import events
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
@@ -168,6 +168,13 @@ def _allowed(action: Action, run: Run) -> None:
         raise ActionNotAllowed(why)
 
 
+def _forward_only(action: Action, run: Run) -> None:
+    """Refuse an unwind of a run past its pivot: it would undo half a saga."""
+    why = selectors.run_pivot_refusal(run=run, action=str(action))
+    if why is not None:
+        raise ActionNotAllowed(why)
+
+
 def _request(run: Run, by: By, action: Action, **details: str) -> None:
     """Leave ``action`` on the run for a worker, and queue it once this transaction commits.
 
@@ -230,6 +237,7 @@ def run_reject(*, run: Run, by: By, node: str | None = None,
     run = _locked(run)
     reason = _text(reason, "reason")
     _allowed(Action.REJECT, run)
+    _forward_only(Action.REJECT, run)
     approval = _decide(run, by, node, step_id, Approval.Status.REJECTED, reason)
     _request(run, by, Action.REJECT, step_id=approval.step_id, reason=reason)
     _audit(run, by, "run.rejected", node=approval.node, step_id=approval.step_id,
@@ -251,6 +259,7 @@ def run_compensate(*, run: Run, by: By, reason: str = "") -> Run:
     run = _locked(run)
     reason = _text(reason, "reason")
     _allowed(Action.COMPENSATE, run)
+    _forward_only(Action.COMPENSATE, run)
     _request(run, by, Action.COMPENSATE)
     _audit(run, by, "run.compensate_requested", **({"reason": reason} if reason else {}))
     return run

@@ -17,6 +17,7 @@ from django.db.models import Q
 from stateguard import lifecycle
 from stateguard import records as core
 from stateguard.effects import EffectStatus as CoreEffectStatus
+from stateguard.kinds import StepKind as CoreStepKind
 
 
 def _status_check(name: str, choices: type[models.TextChoices]) -> models.CheckConstraint:
@@ -35,6 +36,7 @@ StepStatus = _choices("StepStatus", core.StepStatus)
 CompensationStatus = _choices("CompensationStatus", core.CompensationStatus)
 ApprovalStatus = _choices("ApprovalStatus", core.ApprovalStatus)
 EffectStatus = _choices("EffectStatus", CoreEffectStatus)
+StepKind = _choices("StepKind", CoreStepKind)
 
 
 class Run(models.Model):
@@ -146,11 +148,16 @@ class Step(models.Model):
     # never finished (its worker died), so this run of it is a re-run of a step in doubt;
     # "paused" means the body paused itself by interrupt() and this run is its resumption.
     prev_status = models.CharField(max_length=20, blank=True, null=True)
+    # Its saga kind (stateguard.kinds): past a succeeded pivot the run is not unwound.
+    kind = models.CharField(max_length=20, choices=StepKind.choices,
+                            default=StepKind.COMPENSATABLE)
 
     class Meta:
         ordering = ["run", "started_at"]
         constraints = [
             _status_check("sagas_step_status_valid", StepStatus),
+            models.CheckConstraint(condition=Q(kind__in=StepKind.values),
+                                   name="sagas_step_kind_valid"),
             models.UniqueConstraint(fields=["run", "step_id"], name="sagas_step_unique_task"),
         ]
         indexes = [

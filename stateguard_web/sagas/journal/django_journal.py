@@ -63,12 +63,13 @@ _OURS = "(CAST(%s AS bigint) IS NULL OR fencing_token = %s)"
 _FENCE = f"SELECT id FROM {_RUN} WHERE code = %s AND {_OURS}{_SHARE}"
 # Insert the step, or restart it: prev_status keeps the status it had before this start.
 _STEP_START = f"""
-INSERT INTO {_STEP} (run_id, step_id, node, tags, status, attempt, started_at)
-SELECT id, %s, %s, %s, 'started', 1, %s FROM {_RUN}
+INSERT INTO {_STEP} (run_id, step_id, node, tags, status, attempt, started_at, kind)
+SELECT id, %s, %s, %s, 'started', 1, %s, %s FROM {_RUN}
 WHERE code = %s AND {_OURS}{_SHARE}
 ON CONFLICT (run_id, step_id) DO UPDATE SET
     prev_status = {_STEP}.status, status = 'started', attempt = {_STEP}.attempt + 1,
     node = excluded.node, tags = excluded.tags, started_at = excluded.started_at,
+    kind = excluded.kind,
     finished_at = NULL, done_seq = NULL, "update" = NULL, state_after = NULL, error = NULL
 RETURNING attempt, prev_status"""
 # Steps with an effect get the next completion number of their run.
@@ -357,23 +358,26 @@ class DjangoJournal:
     # The two writes every step makes are single statements (the fence and the write at once,
     # in autocommit): a transaction of several round trips per write tripled the cost of a step.
     def step_start(self, run_id: str, step_id: str, node: str,
-                   tags: tuple[str, ...] = ()) -> tuple[StepRecord, StepStatus | None]:
+                   tags: tuple[str, ...] = (), *, kind: str = "compensatable"
+                   ) -> tuple[StepRecord, StepStatus | None]:
         code, token = self._fence(run_id)
         now = timezone.now()
         if token is not None and run_id in self._fresh:
-            self._buffer.start(run_id, step_id, node, tuple(tags), now)
+            self._buffer.start(run_id, step_id, node, tuple(tags), now, kind=str(kind))
             return (StepRecord(run_id, step_id, node, tuple(tags), StepStatus.STARTED, 1,
-                               now.timestamp()), None)  # a first run: no earlier attempt
+                               now.timestamp(), kind=str(kind)), None)  # a first run
         field = Step._meta.get_field
         with connection.cursor() as cursor:
             cursor.execute(_STEP_START, [
                 step_id, node, field("tags").get_db_prep_value(list(tags), connection),
-                field("started_at").get_db_prep_value(now, connection), code, token, token])
+                field("started_at").get_db_prep_value(now, connection), str(kind), code, token,
+                token])
             row = cursor.fetchone()
         if row is None:
             self._refused(run_id, token)
         return (StepRecord(run_id, step_id, node, tuple(tags), StepStatus.STARTED, row[0],
-                           now.timestamp()), StepStatus(row[1]) if row[1] else None)
+                           now.timestamp(), kind=str(kind)),
+                StepStatus(row[1]) if row[1] else None)
 
     def step_finish(self, run_id: str, step_id: str, status: StepStatus, *, update: Any = None,
                     state_after: Any = None, error: ErrorInfo | None = None) -> None:
@@ -497,7 +501,7 @@ class DjangoJournal:
 def _step_record(run_id: str, s: Step) -> StepRecord:
     return StepRecord(run_id, s.step_id, s.node, tuple(s.tags), StepStatus(s.status), s.attempt,
                       s.started_at.timestamp(), _ts(s.finished_at), s.done_seq, s.update,
-                      s.state_after, ErrorInfo.from_dict(s.error))
+                      s.state_after, ErrorInfo.from_dict(s.error), kind=s.kind)
 
 
 def _settle(provider: str, external_id: str) -> None:

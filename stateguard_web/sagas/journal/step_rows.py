@@ -43,6 +43,7 @@ class _Row:
     node: str
     tags: tuple[str, ...]
     started_at: datetime
+    kind: str = "compensatable"  # stateguard.kinds
     new: bool = True  # not written yet as started
     status: StepStatus = StepStatus.STARTED
     finished_at: datetime | None = None
@@ -57,7 +58,7 @@ class _Row:
                 "update": self.outcome.get("update"),
                 "state_after": self.outcome.get("state_after"),
                 "error": error.to_dict() if error else None,
-                "effect": self.status in EFFECT_STATUSES,
+                "effect": self.status in EFFECT_STATUSES, "kind": self.kind,
                 "new": self.new}
 
 
@@ -93,9 +94,10 @@ class StepBuffer:
             self._status.pop(run_id, None)
 
     def start(self, run_id: str, step_id: str, node: str, tags: tuple[str, ...],
-              at: datetime) -> None:
+              at: datetime, *, kind: str = "compensatable") -> None:
         with self._lock:
-            self._running.setdefault(run_id, {})[step_id] = _Row(step_id, node, tags, at)
+            self._running.setdefault(run_id, {})[step_id] = _Row(step_id, node, tags, at,
+                                                                 kind)
 
     def finish(self, run_id: str, step_id: str, status: StepStatus, at: datetime,
                **outcome: Any) -> bool:
