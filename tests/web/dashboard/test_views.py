@@ -404,6 +404,19 @@ class ButtonTests(DashboardWorld):
                 assert actions_on(html) == [], (who, name)
                 assert "<dialog" not in html and "data-dialog" not in html, (who, name)
 
+    def test_it_offers_no_compensation_past_a_pivot_and_badges_the_kinds(self) -> None:
+        now = timezone.now()
+        Step.objects.create(run=self.stuck, step_id="t-ship", node="ship_order", kind="pivot",
+                            status=Step.Status.SUCCEEDED, started_at=now, finished_at=now)
+        Step.objects.create(run=self.stuck, step_id="t-mail", node="send_email",
+                            kind="retriable", status=Step.Status.FAILED, started_at=now)
+        html = self.client_for("charlie").get(self.url(self.stuck)).content.decode()
+        assert actions_on(html) == sorted([f"compensations/{self.compensation.pk}/retry",
+                                           "resolve"])
+        assert "data-past-pivot" in html and "passed its pivot &#x27;ship_order&#x27;" in html
+        assert 'data-kind="pivot"' in html and 'data-kind="retriable"' in html
+        assert 'data-kind="compensatable"' not in html  # the default needs no badge
+
     def test_it_offers_nothing_while_a_request_waits_for_a_worker(self) -> None:
         Run.objects.filter(pk=self.failed.pk).update(
             request={"id": "r1", "action": "retry", "by": "dora"}, requested_at=timezone.now())
