@@ -8,6 +8,8 @@ import re
 import runpy
 import secrets
 import shlex
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -99,7 +101,7 @@ def test_it_refuses_the_dev_secret_key_when_debug_is_off(
     assert "ImproperlyConfigured" in result.stderr and "SECRET_KEY" in result.stderr
 
 
-def test_it_reads_no_env_file_in_the_tests(manage_py: ManagePy, tmp_path: Path,
+def test_it_reads_no_env_file_in_the_tests(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # `make run` writes .env (DEBUG=true, localstripe's address): a developer's .env must not
     # change what the tests see, here or in the processes they start.
@@ -109,7 +111,7 @@ def test_it_reads_no_env_file_in_the_tests(manage_py: ManagePy, tmp_path: Path,
     assert settings.STATEGUARD_ENV_FILE is None and os.environ["STATEGUARD_ENV_FILE"] == ""
     monkeypatch.delenv("STATEGUARD_ENV_FILE")  # as a test that clears the app's variables does
     printed = _print_setting(
-        manage_py, "settings.STATEGUARD_ENV_FILE, __import__('os').environ['STATEGUARD_ENV_FILE']",
+        "settings.STATEGUARD_ENV_FILE, __import__('os').environ['STATEGUARD_ENV_FILE']",
         _sqlite_env(tmp_path))
     assert printed == "None "
 
@@ -124,8 +126,8 @@ def test_it_reads_the_env_file_that_stateguard_env_file_names(
            "STATEGUARD_SWEEP_SECONDS": "5"}  # the environment wins over the file
     # Named, so it must be there.
     missing = {**env, "STATEGUARD_ENV_FILE": str(tmp_path / "missing.env")}
-    with ThreadPoolExecutor(2) as pool:  # two Django start-ups at once: seconds each
-        printed = pool.submit(_print_setting, manage_py,
+    with ThreadPoolExecutor(2) as pool:  # two processes at once
+        printed = pool.submit(_print_setting,
                               "(settings.ALLOWED_HOSTS, settings.STATEGUARD_SWEEP_SECONDS)", env)
         checked = pool.submit(manage_py, "check", env=missing)
     assert printed.result() == "(['from-the-file.example'], 5)"
@@ -139,29 +141,35 @@ def _sqlite_env(tmp_path: Path) -> dict[str, str]:
     return {"DATABASE_URL": f"sqlite:///{tmp_path / 'check.sqlite3'}"}
 
 
-def _print_setting(manage_py: ManagePy, expression: str, env: dict[str, str]) -> str:
-    result = manage_py("shell", "-c", f"from django.conf import settings; print({expression})",
-                       env=env)
+def _print_setting(expression: str, env: dict[str, str]) -> str:
+    """``expression`` as a fresh process with ``env`` reads the settings. The settings module
+    alone, as every process reads it first: a whole Django start-up (``manage.py shell``)
+    would cost seconds and tell nothing more. The environment is ``manage_py``'s."""
+    result = subprocess.run(
+        [sys.executable, "-c", f"from django.conf import settings; print({expression})"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "STATEGUARD_ENV_FILE": "",
+             "DJANGO_SETTINGS_MODULE": "stateguard_web.settings", **env})
     assert result.returncode == 0, result.stderr
-    return result.stdout.splitlines()[-1]  # after shell's "N objects imported" line
+    return result.stdout.removesuffix("\n")
 
 
 def test_it_turns_debug_off_when_the_environment_does_not_say(
-    manage_py: ManagePy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # tests/django_env.py turns DEBUG on for the tests; a deploy that forgets it must not be.
     monkeypatch.delenv("DEBUG")
     env = {**_sqlite_env(tmp_path), "SECRET_KEY": "x" * 50}
-    assert _print_setting(manage_py, "settings.DEBUG", env) == "False"
+    assert _print_setting("settings.DEBUG", env) == "False"
 
 
 @pytest.mark.parametrize("key", ["sk_live_abc", "rk_live_abc"])
 def test_it_sends_a_live_stripe_key_to_stripe_by_default(
-    manage_py: ManagePy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str
 ) -> None:
     monkeypatch.delenv("STRIPE_API_BASE", raising=False)
     env = {**_sqlite_env(tmp_path), "STRIPE_API_KEY": key}
-    assert _print_setting(manage_py, "settings.STRIPE_API_BASE", env) == "https://api.stripe.com"
+    assert _print_setting("settings.STRIPE_API_BASE", env) == "https://api.stripe.com"
 
 
 @pytest.mark.parametrize("key", ["sk_live_abc", "rk_live_abc"])
