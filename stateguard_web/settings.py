@@ -228,10 +228,12 @@ CHANNEL_LAYERS = {
     },
 }
 
-# Django's cache, on the same Redis: the throttle's counts (accounts/throttle.py), which every
-# web process must share. Its keys start with "stateguard:"; never cache.clear() (it empties
-# the whole Redis database, the queue and the channel layer's too). Short timeouts: a hung
-# Redis must not hang a sign-in (the throttle then lets it through and logs why).
+# Django's cache, on the same Redis, for Django and add-ons that want one. StateGuard's own
+# shared state (the throttle's counts, the API key cache's revision) goes through one redis-py
+# client per process on REDIS_URL instead (accounts/shared.py: a quarter of the CPU per keyed
+# request; P6, docs/benchmarks.md). Keys start with "stateguard:"; never cache.clear() (it
+# empties the whole Redis database, the queue and the channel layer's too). Short timeouts: a
+# hung Redis must not hang a request.
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",

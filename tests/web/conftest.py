@@ -316,11 +316,12 @@ def _no_throttle_left() -> None:
     refused keys of earlier tests would add up to a lock-out."""
     import redis
     from django.conf import settings
-    from django.core.cache import cache
+
+    from stateguard_web.accounts import shared
 
     try:
         with redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1) as r:
-            stale = list(r.scan_iter(match=cache.make_key("throttle:*"), count=1000))
+            stale = list(r.scan_iter(match=f"{shared.KEY_PREFIX}throttle:*", count=1000))
             if stale:
                 r.delete(*stale)
     except redis.ConnectionError:
