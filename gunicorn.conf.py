@@ -37,7 +37,14 @@ keepalive = 75
 limit_request_field_size = 16384
 limit_request_line = 8190
 
-accesslog = "-"  # one line per request on stdout, as Daphne logs them
+# One line per request on stdout, as Daphne logs them, unless STATEGUARD_ACCESS_LOG=off: behind
+# the proxy (docs/deploy.md) its log is the access log, and gunicorn's own line costs 3-6 % of
+# every API request's CPU (P6, docs/benchmarks.md). On by default: a gunicorn reached without
+# a proxy (a test, a first install) would otherwise log no request at all.
+_access_log = os.environ.get("STATEGUARD_ACCESS_LOG", "on").strip().lower()
+if _access_log not in ("on", "off"):
+    raise SystemExit(f"STATEGUARD_ACCESS_LOG must be 'on' or 'off', not {_access_log!r}")
+accesslog = "-" if _access_log == "on" else None
 
 # gunicorn's control socket (gunicornc) is at one path per user ($XDG_RUNTIME_DIR or ~/.gunicorn):
 # a second gunicorn on the host would take the first one's. Its signals do the same work (HUP

@@ -228,10 +228,12 @@ CHANNEL_LAYERS = {
     },
 }
 
-# Django's cache, on the same Redis: the throttle's counts (accounts/throttle.py), which every
-# web process must share. Its keys start with "stateguard:"; never cache.clear() (it empties
-# the whole Redis database, the queue and the channel layer's too). Short timeouts: a hung
-# Redis must not hang a sign-in (the throttle then lets it through and logs why).
+# Django's cache, on the same Redis, for Django and add-ons that want one. StateGuard's own
+# shared state (the throttle's counts, the API key cache's revision) goes through one redis-py
+# client per process on REDIS_URL instead (accounts/shared.py: a quarter of the CPU per keyed
+# request; P6, docs/benchmarks.md). Keys start with "stateguard:"; never cache.clear() (it
+# empties the whole Redis database, the queue and the channel layer's too). Short timeouts: a
+# hung Redis must not hang a request.
 CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
@@ -340,6 +342,11 @@ STATEGUARD_LOGIN_FAILURES_PER_ACCOUNT = env.int("STATEGUARD_LOGIN_FAILURES_PER_A
 STATEGUARD_API_KEY_FAILURES_PER_ADDRESS = env.int("STATEGUARD_API_KEY_FAILURES_PER_ADDRESS",
                                                   default=20)
 STATEGUARD_API_KEY_FAILURES_PER_KEY = env.int("STATEGUARD_API_KEY_FAILURES_PER_KEY", default=20)
+# How long a web process may use an API key (its row, user and permissions) read before
+# (accounts/keycache.py): a change (revocation, a role, a user deactivated) counts at the next
+# request anyway, through a revision in Redis; this bounds only what a change missed while
+# Redis was down. 0: read every key from the database on every request.
+STATEGUARD_API_KEY_CACHE_SECONDS = env.int("STATEGUARD_API_KEY_CACHE_SECONDS", default=60)
 # How many proxies in front of the web server append the client's address to X-Forwarded-For
 # (docs/deploy.md). 0: the connection's own address is the client's. Behind a proxy and left
 # at 0, every client has the proxy's address: one guesser locks everybody out.
@@ -349,7 +356,7 @@ for _name in ("STATEGUARD_THROTTLE_WINDOW_SECONDS", "STATEGUARD_THROTTLE_LOCKOUT
         raise ImproperlyConfigured(f"{_name} must be at least 1 (seconds)")
 for _name in ("STATEGUARD_LOGIN_FAILURES_PER_ADDRESS", "STATEGUARD_LOGIN_FAILURES_PER_ACCOUNT",
               "STATEGUARD_API_KEY_FAILURES_PER_ADDRESS", "STATEGUARD_API_KEY_FAILURES_PER_KEY",
-              "STATEGUARD_TRUSTED_PROXIES"):
+              "STATEGUARD_TRUSTED_PROXIES", "STATEGUARD_API_KEY_CACHE_SECONDS"):
     if globals()[_name] < 0:
         raise ImproperlyConfigured(f"{_name} must be 0 or more")
 

@@ -8,3 +8,9 @@ class AccountsConfig(AppConfig):
     label = "accounts"
     default_auto_field = "django.db.models.BigAutoField"
     verbose_name = "Accounts and API keys"
+
+    def ready(self) -> None:
+        # Here, not at import: keycache imports the models, which need the app registry.
+        from stateguard_web.accounts import keycache
+
+        keycache.connect_signals()

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from stateguard_web.accounts import selectors, throttle
+from stateguard_web.accounts import keycache, throttle
 from stateguard_web.accounts.backends import remember_permissions
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.accounts.roles import ROLES, Role
@@ -92,6 +92,7 @@ def api_key_revoke(*, key: ApiKey, by: AbstractBaseUser | str | None = None) -> 
         if revoked:
             AuditEvent.objects.create(actor=_actor(by), action="api_key.revoked",
                                       data={"prefix": key.prefix, "name": key.name})
+            keycache.changed()  # an UPDATE sends no signal
     key.refresh_from_db(fields=["revoked_at"])
     return bool(revoked)
 
@@ -99,11 +100,12 @@ def api_key_revoke(*, key: ApiKey, by: AbstractBaseUser | str | None = None) -> 
 def api_key_authenticate(raw: str, *, address: str | None) -> ApiKey:
     """The active key ``raw`` is, with its user; ``KeyRefused`` otherwise.
 
-    One query reads the key, its user and (on PostgreSQL) the user's permissions, which
-    ``has_perm`` then answers from: a revoked key, an expired one or a permission taken away
-    counts from the next request on. The secret is compared in constant time. Whether a key
-    was revoked or expired is said only to whoever presents the whole key (a wrong secret gets
-    the same answer as no key at all).
+    The key, its user and (on PostgreSQL) the user's permissions, which ``has_perm`` then
+    answers from, come from this process's cache (``keycache``) or one query: a revoked key,
+    an expired one, an inactive user or a permission taken away counts from the next request
+    on, in every process. The secret is compared in constant time. Whether a key was revoked
+    or expired is said only to whoever presents the whole key (a wrong secret gets the same
+    answer as no key at all).
 
     ``address`` is the client's (``throttle.client_address``): a refused key counts against it
     and, when the key exists, against the key; ``throttle.Throttled`` once either is locked
@@ -112,13 +114,15 @@ def api_key_authenticate(raw: str, *, address: str | None) -> ApiKey:
     prefix = raw[:_PREFIX_LENGTH]
     by_address, by_key = ([], []) if address is None else throttle.api_key_counters(
         address=address, prefix=prefix)
-    # One read for both lock-outs: what throttling costs a good key.
-    lock = throttle.lock_of(by_address + by_key)
+    # One Redis round trip for both lock-outs and the key cache's revision: what throttling
+    # and the cache's invalidation cost a good key.
+    lock, read = throttle.read(by_address + by_key, keycache.REVISION_KEY)
     if lock is not None and lock.counter in by_address:
         raise lock
     key, perms = None, None
     if _KEY_SHAPE.fullmatch(raw):  # nothing else reaches the database
-        key, perms = selectors.api_key_find(prefix=prefix) or (None, None)
+        key, perms = keycache.find(prefix=prefix, revision=read[0] if read else None,
+                                   reachable=read is not None) or (None, None)
     # Compare a hash even when no key has this prefix, so that both take the same time.
     if not hmac.compare_digest(_hash(raw), key.hashed if key else _DUMMY_HASH) or key is None:
         started = throttle.fail(by_address + (by_key if key is not None else []),
@@ -141,6 +145,7 @@ def api_key_authenticate(raw: str, *, address: str | None) -> ApiKey:
                               | Q(last_used_at__lt=now - LAST_USED_RESOLUTION),
                               pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
+        keycache.used(prefix=prefix, at=now)
     return key
 
 

@@ -19,10 +19,11 @@ A password can be guessed, a key cannot (256 random bits), so the rules differ:
 Counting: a sliding window of ``STATEGUARD_THROTTLE_WINDOW_SECONDS``, estimated from two fixed
 slots (this one's count plus the previous one's, weighted by how much of it the window still
 covers); a lock-out lasts ``STATEGUARD_THROTTLE_LOCKOUT_SECONDS``. Each lock-out writes one
-audit event (``login.locked_out``, ``api_key.locked_out``). The counts live in Django's cache
-(Redis: every web process sees the same). If the cache cannot be reached, nothing is
-throttled and the error is logged: an outage of Redis must not lock every operator out of the
-dashboard they need to see it.
+audit event (``login.locked_out``, ``api_key.locked_out``). The counts live in the shared Redis
+(``shared``: every web process sees the same), as plain strings under
+``stateguard:throttle:``. If Redis cannot be reached, nothing is throttled and the error is
+logged: an outage of Redis must not lock every operator out of the dashboard they need to see
+it.
 
 Which address a request comes from (``client_address``): the connection's, unless
 ``STATEGUARD_TRUSTED_PROXIES`` says how many proxies in front append to ``X-Forwarded-For``.
@@ -40,14 +41,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import redis
 from django.conf import settings
-from django.core.cache import cache
 from django.http import HttpRequest
 
+from stateguard_web.accounts import shared
 from stateguard_web.sagas.models import AuditEvent
 
 __all__ = ["Counter", "Throttled", "api_key_counters", "client_address", "fail", "lock_of",
-           "login_counters"]
+           "login_counters", "read"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Counter:
     def key(self, part: str) -> str:
         # A username is any text: its hash makes a key of a safe shape and length.
         digest = hashlib.sha256(self.name.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        return f"throttle:{self.kind}:{digest}:{part}"
+        return f"{shared.KEY_PREFIX}throttle:{self.kind}:{digest}:{part}"
 
 
 class Throttled(Exception):
@@ -126,21 +128,31 @@ def _counting(*counters: Counter) -> list[Counter]:
 
 def lock_of(counters: list[Counter]) -> Throttled | None:
     """The lock-out on any of ``counters`` (the one that ends last), or None."""
-    if not counters:
-        return None
+    return read(counters)[0] if counters else None
+
+
+def read(counters: list[Counter], *others: str
+         ) -> tuple[Throttled | None, list[str | None] | None]:
+    """``lock_of(counters)``, and the values of the shared Redis keys ``others`` read in the
+    same round trip (the key cache's revision: one round trip for a keyed request); None for
+    the values if Redis cannot be reached."""
     now = time.time()
+    keys = [c.key("lock") for c in counters]
+    if not keys and not others:
+        return None, []
     try:
-        until = cache.get_many([c.key("lock") for c in counters])
-    except Exception:  # the cache's own errors (redis's): not throttling beats locking all out
+        values = shared.client().mget([*keys, *others])
+    except redis.RedisError:  # not throttling beats locking all out
         logger.exception("throttle: the cache is unreachable; not throttling")
-        return None
+        return None, None
     # The end is in the value, not only in the key's expiry: Redis's clock is not this one.
-    locked = [(until[c.key("lock")], c) for c in counters
-              if until.get(c.key("lock"), 0) > now]
-    if not locked:
-        return None
-    end, counter = max(locked, key=lambda pair: pair[0])
-    return Throttled(counter, max(1, math.ceil(end - now)))
+    locked = [(float(end), c) for end, c in zip(values, counters, strict=False)
+              if end is not None and float(end) > now]
+    lock = None
+    if locked:
+        end, counter = max(locked, key=lambda pair: pair[0])
+        lock = Throttled(counter, max(1, math.ceil(end - now)))
+    return lock, values[len(keys):]
 
 
 def fail(counters: list[Counter], *, action: str, data: dict[str, Any]) -> Throttled | None:
@@ -156,7 +168,7 @@ def fail(counters: list[Counter], *, action: str, data: dict[str, Any]) -> Throt
             failures = _count(counter, now, window)
             if failures < counter.limit or not _lock(counter, now + lockout, lockout):
                 continue
-        except Exception:  # as in lock_of
+        except redis.RedisError:  # as in read
             logger.exception("throttle: the cache is unreachable; not throttling")
             return None
         started = Throttled(counter, lockout)
@@ -173,26 +185,25 @@ def _count(counter: Counter, now: float, window: int) -> int:
     slot, into = divmod(now, window)
     this, before = counter.key(f"slot{int(slot)}"), counter.key(f"slot{int(slot) - 1}")
     # A slot's count is written during the slot and read during the next: it is kept until
-    # then (two windows from its first failure), never written again after it expires.
-    cache.add(this, 0, timeout=2 * window)
-    try:
-        now_count = int(cache.incr(this))
-    except ValueError:  # it expired between the two calls: only when the clock jumped
-        cache.set(this, 1, timeout=2 * window)
-        now_count = 1
-    earlier = int(cache.get(before) or 0)
+    # then (two windows from its first failure), never written again after it expires. One
+    # MULTI: the slot cannot expire between its creation and its increment.
+    pipe = shared.client().pipeline()
+    pipe.set(this, 0, ex=2 * window, nx=True)
+    pipe.incr(this)
+    pipe.get(before)
+    _, now_count, earlier = pipe.execute()
     # Rounded up: at a slot's start the previous one still counts whole.
-    return now_count + math.ceil(earlier * (1 - into / window))
+    return int(now_count) + math.ceil(int(earlier or 0) * (1 - into / window))
 
 
 def _lock(counter: Counter, until: float, lockout: int) -> bool:
     """Lock ``counter`` out until ``until``; False if it was locked already (another failure
     at the same moment locked it, and audited it)."""
-    key = counter.key("lock")
-    if cache.add(key, until, timeout=lockout):
+    key, client = counter.key("lock"), shared.client()
+    if client.set(key, repr(until), ex=lockout, nx=True):
         return True
-    current = cache.get(key)
-    if current is not None and current > time.time():
+    current = client.get(key)
+    if current is not None and float(current) > time.time():
         return False
-    cache.set(key, until, timeout=lockout)  # a lock-out that ended, still in the cache
+    client.set(key, repr(until), ex=lockout)  # a lock-out that ended, still in Redis
     return True

@@ -309,18 +309,23 @@ def daphne(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Se
 def gunicorn(transactional_db: None, sandbox: Path, tmp_path: Path) -> Iterator[Server]:
     """gunicorn alone on the test database (no worker): production's HTTP server."""
     yield from serve("gunicorn", sandbox, tmp_path)
+
+
 @pytest.fixture(autouse=True)
 def _no_throttle_left() -> None:
     """Each test starts with no failed sign-in or key counted and nobody locked out
     (accounts/throttle.py): every request of the test client comes from 127.0.0.1, so the
-    refused keys of earlier tests would add up to a lock-out."""
+    refused keys of earlier tests would add up to a lock-out. And with no API key cached in
+    this process (accounts/keycache.py): each test's database is a new one."""
     import redis
     from django.conf import settings
-    from django.core.cache import cache
 
+    from stateguard_web.accounts import keycache, shared
+
+    keycache.forget_all()
     try:
         with redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1) as r:
-            stale = list(r.scan_iter(match=cache.make_key("throttle:*"), count=1000))
+            stale = list(r.scan_iter(match=f"{shared.KEY_PREFIX}throttle:*", count=1000))
             if stale:
                 r.delete(*stale)
     except redis.ConnectionError:

@@ -16,8 +16,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from stateguard_web.accounts import keycache, services
 from stateguard_web.accounts import selectors as account_selectors
-from stateguard_web.accounts import services
 from stateguard_web.accounts.models import ApiKey
 from stateguard_web.runs import selectors
 from stateguard_web.sagas.models import Run, Step
@@ -85,7 +85,9 @@ def test_a_key_is_read_with_its_permissions_and_a_revocation_counts_at_once() ->
         assert found.user.has_perm("sagas.submit_run")
         assert not found.user.has_perm("sagas.operate_run")
     assert len(queries) == 2  # the key with its permissions; its last use, once a minute
+    # An UPDATE by hand sends no signal: the key cache is told (accounts/keycache.py).
     ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())
+    keycache.changed()
     with pytest.raises(services.KeyRefused, match="revoked"):
         services.api_key_authenticate(raw, address=None)
 

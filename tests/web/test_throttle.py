@@ -1,5 +1,5 @@
 """Throttling of failed sign-ins and API keys (accounts/throttle.py), through the pages and
-the API as a client meets it, with the counts in the test Redis (Django's cache).
+the API as a client meets it, with the counts in the test Redis (accounts/shared.py).
 
 alice is an operator who signs in with a password; bob is a submitter with an API key; the
 guesser comes from 127.0.0.1 (the test client's address) unless a test says otherwise.
@@ -114,10 +114,8 @@ class LoginThrottleTests(TestCase):
         assert response.status_code == 302 and signed_in(client)
 
     def test_it_lets_people_in_and_logs_why_when_the_cache_is_down(self) -> None:
-        dead = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
-                            "LOCATION": "redis://127.0.0.1:1/0",
-                            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}}
-        with override_settings(CACHES=dead), self.assertLogs("stateguard_web.accounts.throttle",
+        dead = "redis://127.0.0.1:1/0"  # the shared Redis (accounts/shared.py) is down
+        with override_settings(REDIS_URL=dead), self.assertLogs("stateguard_web.accounts.throttle",
                                                              logging.ERROR) as logs:
             for attempt in range(6):
                 sign_in("alice", f"guess-{attempt}")

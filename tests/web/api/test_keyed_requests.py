@@ -166,12 +166,20 @@ def test_a_session_still_needs_the_csrf_token(server: Server, world: dict[str, A
 
 def test_a_revoked_key_or_a_permission_taken_away_counts_from_the_next_request(
         server: Server, world: dict[str, Any]) -> None:
+    """In the server's processes, which keep the keys they read (accounts/keycache.py)."""
     path, key = f"/api/runs/{world['run'].code}", bearer(world["vera_raw"])
     assert call(server, "GET", path, key)[0] == 200
     world["vera"].groups.clear()  # no role: may see no run
     status, _, body = call(server, "GET", path, key)
     assert (status, b"permission_denied" in body) == (403, True)
     world["vera"].user_permissions.add(Permission.objects.get(codename="view_run"))
+    assert call(server, "GET", path, key)[0] == 200
+    world["vera"].is_active = False
+    world["vera"].save()
+    status, _, body = call(server, "GET", path, key)
+    assert (status, b"inactive" in body) == (401, True)
+    world["vera"].is_active = True
+    world["vera"].save()
     assert call(server, "GET", path, key)[0] == 200
     accounts.api_key_revoke(key=world["vera_key"])
     status, headers, body = call(server, "GET", path, key)

@@ -62,11 +62,12 @@ class KeyTests(TestCase):
         assert [e.action for e in AuditEvent.objects.order_by("pk")] == [
             "api_key.created", "api_key.revoked", "api_key.created"]
 
-    def test_it_reads_the_users_permissions_with_the_key_and_anew_for_each_request(
+    def test_it_reads_the_users_permissions_with_the_key_and_keeps_them_until_a_change(
             self) -> None:
         _, raw = services.api_key_create(user=self.alice, name="billing")
-        services.api_key_authenticate(raw, address=None)  # its first use, written
-        with self.assertNumQueries(1):  # the key, its user and the user's permissions
+        with self.assertNumQueries(2):  # the key, its user and permissions; its first use
+            services.api_key_authenticate(raw, address=None)
+        with self.assertNumQueries(0):  # this process's key cache (accounts/keycache.py)
             user = services.api_key_authenticate(raw, address=None).user
             assert access.may(user, Ability.SUBMIT) and not access.may(user, Ability.OPERATE)
         assert user.get_all_permissions() == {"sagas.submit_run"}
@@ -76,7 +77,7 @@ class KeyTests(TestCase):
         root = get_user_model().objects.create_superuser("root")
         _, raw = services.api_key_create(user=root, name="all")
         services.api_key_authenticate(raw, address=None)
-        with self.assertNumQueries(1):
+        with self.assertNumQueries(0):  # a superuser's permissions: all, asked of nobody
             assert access.may(services.api_key_authenticate(raw, address=None).user,
                               Ability.OPERATE)
 
@@ -86,7 +87,7 @@ class KeyTests(TestCase):
         with time_machine.travel(start, tick=False):
             with self.assertNumQueries(2):  # the key, and the one write
                 services.api_key_authenticate(raw, address=None)
-            with self.assertNumQueries(1):  # the key only
+            with self.assertNumQueries(0):  # the key from the cache, no write
                 services.api_key_authenticate(raw, address=None)
         with time_machine.travel(start + timedelta(seconds=59), tick=False):
             services.api_key_authenticate(raw, address=None)
