@@ -8,7 +8,14 @@ retried and idempotent. ``GuardedState`` does the same for plain Python code.
 
 from stateguard.checkpointer import StateGuardCheckpointer
 from stateguard.context import ExceptionContext, InvariantInfo
-from stateguard.effects import Effect, EffectLedger, EffectRecord, EffectStatus, record_effect
+from stateguard.effects import (
+    Effect,
+    EffectLedger,
+    EffectRecord,
+    EffectStatus,
+    effect_key,
+    record_effect,
+)
 from stateguard.events import Event
 from stateguard.exceptions import (
     ApprovalRejected,
@@ -77,6 +84,7 @@ __all__ = [
     "ToolCall",
     "ToolCallFailed",
     "UnwindReport",
+    "effect_key",
     "record_effect",
     "tool_calls",
 ]

@@ -25,6 +25,7 @@ implements ``EffectLedger`` (every journal StateGuard ships does).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -35,7 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from stateguard.exceptions import ConfigurationError
 
-__all__ = ["Effect", "EffectLedger", "EffectRecord", "EffectStatus", "record_effect"]
+__all__ = ["Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key",
+           "record_effect"]
 
 
 class EffectStatus(StrEnum):
@@ -145,3 +147,18 @@ def record_effect(effect: Effect) -> EffectRecord:
     return scope.ledger.effect_record(EffectRecord(scope.run_id, scope.step_id, scope.node,
                                                    effect))
 
+
+
+def effect_key() -> str:
+    """The idempotency key for the provider's request that makes the effect of the step
+    running now (a node's body, a tool call, a ``@task``): the same on every run of that step
+    (a resume after ``interrupt()``, a retry, a recovery), so a provider that honours it
+    (Stripe's ``idempotency_key``) makes the effect once. It differs from the key a
+    compensation gets (``ctx.idempotency_key``): a refund is another request than the charge.
+    """
+    scope = _scope.get()
+    if scope is None:
+        raise ConfigurationError("effect_key() names the effect of the step running now: call "
+                                 "it from a node, a tool call or a task that StateGuard runs")
+    digest = hashlib.sha256(f"{scope.run_id}\x00{scope.step_id}\x00effect".encode()).hexdigest()
+    return f"sg-effect-{digest[:32]}"

@@ -5,8 +5,9 @@ Each node of the compiled graph is wrapped so that, around the node body, in eve
    resume, so gating inside the body would repeat its effect);
 2. invariants are checked on the input state (catching the combined writes of parallel nodes);
 3. a "step started" row is journaled, so a crash leaves a visible in-doubt step;
-4. the body runs (a body that pauses itself with ``interrupt()`` is journaled paused: it runs
-   again, from its start, on resume);
+4. the body runs, each ``@task`` it calls a step of its own (``stateguard.functional``) (a
+   body that pauses itself with ``interrupt()`` is journaled paused: it runs again, from its
+   start, on resume);
 5. invariants are checked on ``state + update`` computed with the graph's reducers; a violation
    raises ``InvariantViolation`` (a ``RuntimeError``, which LangGraph neither retries nor applies).
 """
@@ -29,6 +30,7 @@ from stateguard.blame import bubbled_up, from_the_store, tag_node
 from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ConfigurationError, InvariantViolation
+from stateguard.functional import guarding_calls, tasks_of
 from stateguard.kinds import (
     StepKind,
     kind_keywords,
@@ -77,7 +79,7 @@ def instrument_graph(graph: Pregel[Any, Any, Any, Any], core: GuardCore) -> None
         tags = mark_subgraphs(core.spec, {name: node_tags(node.metadata)
                                           for name, node in nodes.items()}, runnables)
         with_tools = tool_nodes(runnables)
-        core.spec.validate_names(tags, tools_of(with_tools))
+        core.spec.validate_names(tags, tools_of(with_tools), tasks_of(runnables))
         check_order(core.spec, graph, tags, with_tools)
         for tool_node in with_tools.values():
             install(tool_node, graph.channels)  # tool calls are steps (stateguard.tools)
@@ -139,8 +141,9 @@ class _NodeWrapper:
         attempt = 1
         while True:  # more than once for a retriable step only (stateguard.kinds)
             try:
-                with recording(self.core.journal, run_id, step_id, self.name):
-                    result = self.inner.invoke(state, config)
+                with recording(self.core.journal, run_id, step_id, self.name), \
+                        guarding_calls(self.core, run_id, step_id, config) as guarded:
+                    result = self.inner.invoke(state, guarded)
             except BaseException as exc:
                 self._failed(run_id, step_id, exc)
                 delay = retry_delay(self.retry, exc, attempt)
@@ -157,8 +160,9 @@ class _NodeWrapper:
         attempt = 1
         while True:
             try:
-                with recording(self.core.journal, run_id, step_id, self.name):
-                    result = await self.inner.ainvoke(state, config)
+                with recording(self.core.journal, run_id, step_id, self.name), \
+                        guarding_calls(self.core, run_id, step_id, config) as guarded:
+                    result = await self.inner.ainvoke(state, guarded)
             except BaseException as exc:
                 self._failed(run_id, step_id, exc)
                 delay = retry_delay(self.retry, exc, attempt)

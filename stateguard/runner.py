@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("stateguard")
 
 OUTPUT_IS_STATE_KEY = "__stateguard_output_is_state"
+# The channel an @entrypoint keeps its ``previous`` value in (every checkpoint of one shows it).
+_PREVIOUS = "__previous__"
 ErrorPolicy = Literal["compensate", "hold"]
 # What a node's error does: unwind the run, hold it for an operator, or ask a function.
 OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
@@ -89,6 +91,13 @@ def _split_output(out: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]
     return paused, {k: v for k, v in out.items() if k != "__interrupt__"}
 
 
+def is_entrypoint(graph: Any) -> bool:
+    """Whether ``graph`` is an ``@entrypoint`` (a ``Pregel`` no ``StateGraph`` built: its one
+    node runs the function, and its state is the function's last return value)."""
+    return isinstance(graph, Pregel) and not isinstance(getattr(graph, "builder", None),
+                                                        StateGraph) and _PREVIOUS in graph.channels
+
+
 def _builder_of(graph: Any) -> Any:
     """The builder of a compiled graph, else ``graph`` itself."""
     built = getattr(graph, "builder", None) if isinstance(graph, Pregel) else None
@@ -101,15 +110,18 @@ class GuardRunner:
     saver: BaseCheckpointSaver[Any]  # the wrapped one
 
     # -- building ---------------------------------------------------------------------------
-    def compile(self, builder: StateGraph[Any, Any, Any, Any], **kwargs: Any
-                ) -> Pregel[Any, Any, Any, Any]:
+    def compile(self, builder: StateGraph[Any, Any, Any, Any] | Pregel[Any, Any, Any, Any],
+                **kwargs: Any) -> Pregel[Any, Any, Any, Any]:
         """Compile ``builder`` with this checkpointer and wrap its nodes now (``builder.compile(
         checkpointer=guard)`` wraps them when the graph first runs; the two are the same graph).
 
         A compiled graph (``create_react_agent(...)`` returns one) is compiled again from its
-        builder; pass the compile options it needs (``store=``, ``name=``...) here."""
+        builder; pass the compile options it needs (``store=``, ``name=``...) here. An
+        ``@entrypoint`` (no builder) is copied with this guard as its checkpointer."""
         if "checkpointer" in kwargs:
             raise ConfigurationError("compile() sets the checkpointer itself")
+        if isinstance(builder, Pregel) and is_entrypoint(builder):
+            return self._compile_entrypoint(builder, kwargs)
         builder = _builder_of(builder)
         if not isinstance(builder, StateGraph):
             raise ConfigurationError(f"expected a StateGraph builder, got {builder!r}")
@@ -120,6 +132,17 @@ class GuardRunner:
         output_is_state = builder.output_schema is builder.state_schema and not (
             kwargs.get("interrupt_before") or kwargs.get("interrupt_after"))
         return graph.with_config(configurable={OUTPUT_IS_STATE_KEY: output_is_state})
+
+    def _compile_entrypoint(self, workflow: Pregel[Any, Any, Any, Any],
+                            kwargs: dict[str, Any]) -> Pregel[Any, Any, Any, Any]:
+        """An ``@entrypoint`` (LangGraph's Functional API) has no builder to compile again: a
+        copy of it with this guard as its checkpointer, its node wrapped now."""
+        if kwargs:
+            raise ConfigurationError(f"an @entrypoint takes no compile options: {sorted(kwargs)}"
+                                     "; give them to @entrypoint(...)")
+        graph = workflow.copy(update={"checkpointer": self})
+        instrument_graph(graph, self.core)
+        return graph
 
     def _check_graph(self, graph: Any) -> None:
         """Refuse a graph this guard is not the checkpointer of; wrap the nodes of one compiled

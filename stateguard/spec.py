@@ -195,33 +195,39 @@ class GuardSpec:
         return None
 
     def validate_names(self, nodes: Mapping[str, Iterable[str]],
-                       tools: Mapping[str, Iterable[str]] | None = None) -> None:
-        """Fail if a compensation or approval names no node, tool or tag of the graph
-        (``nodes`` and ``tools``: name -> tags; tools are those its ToolNodes can call)."""
-        tools = tools or {}
+                       tools: Mapping[str, Iterable[str]] | None = None,
+                       tasks: Mapping[str, Iterable[str]] | None = None) -> None:
+        """Fail if a compensation or approval names no node, tool, task or tag of the graph
+        (``nodes``, ``tools`` and ``tasks``: name -> tags; tools are those its ToolNodes can
+        call, tasks the ``@task``s its code calls, ``stateguard.functional``)."""
+        tools, tasks = tools or {}, tasks or {}
         tags = {tag for node_tags in nodes.values() for tag in node_tags}
         tool_tags = {tag for tags_ in tools.values() for tag in tags_}
         known = f"nodes are {sorted(nodes)}, tags are {sorted(tags)}"
         if tools:
             known += f", tools are {sorted(tools)}, tool tags are {sorted(tool_tags)}"
+        if tasks:
+            known += f", tasks are {sorted(tasks)}"
+        steps = {**tasks, **tools}  # called inside a node: tool calls and tasks
+        step_tags = {tag for tags_ in steps.values() for tag in tags_}
         unknown = sorted(k for k in self.compensations
-                         if k not in nodes and k not in tags and k not in tools
-                         and k not in tool_tags)
+                         if k not in nodes and k not in tags and k not in steps
+                         and k not in step_tags)
         if unknown:
             raise ConfigurationError(
                 f"compensations name no node, tool or tag of the graph: {unknown}; {known}")
         unknown = sorted(k for k in self.approvals
-                         if k not in nodes and k not in tools and k not in tool_tags)
+                         if k not in nodes and k not in steps and k not in tool_tags)
         if unknown:
             raise ConfigurationError(
                 f"approvals name no node or tool of the graph: {unknown}; {known}")
         unknown = sorted(k for k in self.kinds
-                         if k not in nodes and k not in tags and k not in tools
-                         and k not in tool_tags)
+                         if k not in nodes and k not in tags and k not in steps
+                         and k not in step_tags)
         if unknown:
             raise ConfigurationError(
                 f"kinds name no node, tool or tag of the graph: {unknown}; {known}")
-        undone = sorted(name for name, name_tags in (*nodes.items(), *tools.items())
+        undone = sorted(name for name, name_tags in (*nodes.items(), *steps.items())
                         if self.kind_for(name, name_tags) == StepKind.PIVOT
                         and self.compensation_for(name, name_tags) is not None)
         if undone:

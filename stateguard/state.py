@@ -31,7 +31,11 @@ def is_internal_channel(name: str) -> bool:
     return ":" in name or name.startswith("__")
 
 
-def state_values(channel_values: Mapping[str, Any]) -> dict[str, Any]:
+def state_values(channel_values: Any) -> dict[str, Any]:
+    """The state keys of a graph's values. An ``@entrypoint``'s values are its output, any
+    value (``None`` before it returned): as a dict, like a node's result."""
+    if not isinstance(channel_values, Mapping):
+        return {} if channel_values is None else as_dict(channel_values)
     return {k: v for k, v in channel_values.items() if not is_internal_channel(k)}
 
 

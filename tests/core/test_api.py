@@ -10,7 +10,7 @@ import stateguard
 EXPECTED = {
     "ApprovalRejected", "ApprovalStatus", "Compensation", "CompensationFailed",
     "CompensationOutcome", "CompensationRetry", "CompensationStatus", "ConfigurationError",
-    "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "record_effect",
+    "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key", "record_effect",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",

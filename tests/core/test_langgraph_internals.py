@@ -10,18 +10,22 @@ from typing import Any
 
 import langgraph.pregel._loop
 import pytest
+from langchain_core.runnables.config import var_child_runnable_config
 from langchain_core.tools import tool
 from langgraph._internal._constants import (
+    CONFIG_KEY_CALL,
     CONFIG_KEY_CHECKPOINTER,
     CONFIG_KEY_READ_STATE,
     CONFIG_KEY_TASK_ID,
 )
 from langgraph._internal._runnable import RunnableCallable
+from langgraph.func import entrypoint, task
 from langgraph.prebuilt import ToolNode
 from langgraph.pregel._loop import AsyncPregelLoop, SyncPregelLoop
 
 from stateguard import ConfigurationError
 from stateguard import plain_runs as plain_runs_module
+from stateguard.functional import CALL_KEY, tasks_of
 from stateguard.instrument import _READ_STATE_KEY, _TASK_ID_KEY
 from stateguard.tools import install
 from tests.core.support import config, line_builder
@@ -60,6 +64,41 @@ def test_it_reads_the_config_keys_langgraph_sets_for_a_task() -> None:
     assert _READ_STATE_KEY == CONFIG_KEY_READ_STATE  # a Send task's graph state
     assert _TASK_ID_KEY == CONFIG_KEY_TASK_ID  # a step's id
     assert CONFIG_KEY_CHECKPOINTER == "__pregel_checkpointer"  # stateguard.tools finds the guard
+
+
+def test_it_hands_task_calls_where_langgraph_looks_for_them() -> None:
+    # @task's __call__ hands each call to config["configurable"][CONFIG_KEY_CALL], read from
+    # the runnable context (get_config(): langchain-core's var_child_runnable_config), with
+    # the task's function first: stateguard.functional wraps that function there.
+    assert CALL_KEY == CONFIG_KEY_CALL
+    seen: list[Any] = []
+
+    @task
+    def charge_card(amount: int) -> int:
+        return amount
+
+    token = var_child_runnable_config.set(
+        {"callbacks": None,
+         "configurable": {CALL_KEY: lambda func, input, **kw: seen.append((func, input))}})
+    try:
+        charge_card(5)
+    finally:
+        var_child_runnable_config.reset(token)
+    assert seen == [(charge_card.func, ((5,), {}))]
+
+
+def test_it_finds_the_tasks_a_node_function_calls() -> None:
+    # The node's body is RunnableCallable.func (an @entrypoint's too); @task's type is found
+    # through the public decorator.
+    @task
+    def charge_card(amount: int) -> int:
+        return amount
+
+    @entrypoint()
+    def trip(amount: int) -> int:
+        return charge_card(amount).result()
+
+    assert tasks_of({"trip": trip.nodes["trip"].bound}) == {"charge_card": ("stateguard:task",)}
 
 
 def test_it_wraps_a_node_in_langgraphs_own_runnable() -> None:
