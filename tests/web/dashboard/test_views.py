@@ -548,7 +548,8 @@ class ActionTests(DashboardWorld):
         before = journal_state()
         response = self.client_for("charlie").post(self.url(self.paused, "retry"), follow=True)
         html = response.content.decode()
-        assert f"run {self.paused.code} is paused; only a failed run is retried" in html
+        assert (f"run {self.paused.code} is paused; only a failed run, or one held past its "
+                "pivot, is retried") in html
         assert 'class="message message-error" role="alert"' in html
         assert journal_state() == before
 
