@@ -4,7 +4,8 @@ Some effects cannot be undone (an order shipped, a contract signed): the **pivot
 steps are *compensatable*: a failure unwinds them. Once the pivot has had its effect, the run
 only goes forward: steps after it are *retriable*, retried with their retry settings, and a
 failure past their retries (or a broken invariant) holds the run ``needs_attention`` with the
-reason; nothing is undone, since undoing what came before the pivot would undo half a saga::
+reason, for an operator to retry forward once the cause is fixed (or resolve by hand); nothing is
+undone, since undoing what came before the pivot would undo half a saga::
 
     guard = StateGuardCheckpointer(
         compensations={"charge": refund},
@@ -31,6 +32,7 @@ from langgraph.errors import GraphBubbleUp
 
 from stateguard.exceptions import ConfigurationError, StateGuardError
 from stateguard.journal import turn_steps
+from stateguard.lifecycle import Pivot
 from stateguard.records import EFFECT_STATUSES, StepRecord, StepStatus
 from stateguard.retry import CompensationRetry
 
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from stateguard.core import GuardCore
 
 __all__ = ["Retriable", "StepKind", "build_kinds", "check_step_retry", "held_reason",
-           "kind_keywords", "pivot_of", "pivot_refusal", "reachable_only_after",
+           "kind_keywords", "pivot_of", "pivot_state", "reachable_only_after",
            "refusal_after_pivot", "retry_delay"]
 
 
@@ -114,20 +116,15 @@ def pivot_of(steps: Iterable[StepRecord]) -> tuple[StepRecord | None, StepRecord
     return passed, doubtful
 
 
-def pivot_refusal(steps: Iterable[StepRecord], *, run: str = "", action: str = "compensate"
-                  ) -> str | None:
-    """Why an unwind (an operator's compensate or reject) may not happen to a run whose turn
-    had these steps, in words for an operator; ``None`` if it may."""
+def pivot_state(steps: Iterable[StepRecord], *, unwound: bool = False) -> Pivot | None:
+    """Where a run whose turn had these ``steps`` stands to its pivot, for the operators' rules
+    (``stateguard.lifecycle``: no unwind past a pivot, a retry forward); ``unwound``: whether a
+    step of the turn was compensated all the same. ``None`` if it has not reached a pivot."""
     passed, doubtful = pivot_of(steps)
-    name = f"run {run} " if run else "the run "
     if passed is not None:
-        return (f"{name}passed its pivot {passed.node!r} (the point of no return): {action} "
-                "would undo the steps before it and not the pivot, half a saga; it goes "
-                "forward only (retry it, or resolve it by hand)")
+        return Pivot(passed.node, unwound=unwound)
     if doubtful is not None:
-        return (f"{name}stopped inside its pivot {doubtful.node!r}: whether it happened is "
-                f"unknown, so {action} could undo half a saga; check the pivot's effect and "
-                "resolve the run by hand")
+        return Pivot(doubtful.node, in_doubt=True)
     return None
 
 
@@ -137,7 +134,7 @@ def held_reason(steps: Iterable[StepRecord]) -> str | None:
     passed, doubtful = pivot_of(steps)
     if passed is not None:
         return (f"the run passed its pivot {passed.node!r}, the point of no return, so it goes "
-                "forward only; a person finishes it (or resolves it by hand)")
+                "forward only; once the cause is fixed, retry it (or resolve it by hand)")
     if doubtful is not None:
         return (f"the run stopped inside its pivot {doubtful.node!r}: whether that happened is "
                 "unknown; a person checks, then resolves it by hand")

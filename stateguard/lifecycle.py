@@ -5,9 +5,14 @@ refusal is a 409's message) and its dashboard (a button it may show) all ask ``r
 
     from stateguard.lifecycle import Action, refusal
 
-    why = refusal(Action.RETRY, run.status)
+    why = refusal(Action.RETRY, run.status, pivot=pivot)
     if why is not None:
         raise InvalidRunState(why)
+
+``pivot`` says where the run's turn stands to its pivot, the point of no return
+(``stateguard.kinds``; ``None``: it has none, or has not reached it): past it a run goes forward
+only. Compensate and reject are refused (they would undo half a saga), and a run held
+``needs_attention`` past its pivot, nothing of it unwound, may be retried forward.
 
 The statuses::
 
@@ -16,7 +21,8 @@ The statuses::
                           │ │      └──reject──> compensating      │
                           │ └──> failed ──retry──> running        │
                           │         └──compensate──> compensating <┘
-                          └─(worker died)─recover─> running | compensating
+                          ├─(worker died)─recover─> running | compensating
+                          └─(failed past its pivot)─> needs_attention ──retry──> running
     compensating ──> compensated | needs_attention ──resolve──> compensated
          │                               ├──compensate (retry the failed ones)
          │                               └──retry_compensation (one of them)
@@ -32,7 +38,8 @@ from stateguard.exceptions import InvalidRunState
 from stateguard.records import RunStatus
 
 __all__ = ["CHANGES", "FINISHED", "LIVE", "NEXT_TURN", "REQUESTS", "SETTLED", "TRANSITIONS",
-           "Action", "Transition", "allowed", "check", "check_change", "refusal"]
+           "Action", "Pivot", "Transition", "allowed", "check", "check_change", "fits",
+           "refusal"]
 
 S = RunStatus
 
@@ -41,7 +48,7 @@ class Action(StrEnum):
     START = "start"  # a worker picks up a submitted run
     APPROVE = "approve"  # an operator lets the gated step run
     REJECT = "reject"  # an operator refuses it: the run unwinds
-    RETRY = "retry"  # resume a failed run from its failure point
+    RETRY = "retry"  # resume a failed run (or one held past its pivot) from its failure point
     COMPENSATE = "compensate"  # an operator's "undo it now"; again, retries failed compensations
     RESOLVE = "resolve"  # an operator undid by hand what the compensations could not
     RETRY_COMPENSATION = "retry_compensation"  # run one failed compensation again
@@ -49,10 +56,31 @@ class Action(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Pivot:
+    """Where a run's turn stands to its pivot (``stateguard.kinds.pivot_state`` reads it from
+    the journal): ``node`` passed (had its effect), or stopped inside (``in_doubt``: whether it
+    happened is unknown). ``unwound``: some step of the turn was compensated all the same (an
+    unwind journaled before its kinds were declared, say): a half-undone run is not retried."""
+
+    node: str
+    in_doubt: bool = False
+    unwound: bool = False
+
+    @property
+    def forward(self) -> bool:
+        """Whether the run is held past its pivot with nothing undone: it may go forward."""
+        return not self.in_doubt and not self.unwound
+
+
+@dataclass(frozen=True, slots=True)
 class Transition:
     sources: frozenset[RunStatus]
     target: RunStatus | None  # None: decided by what happens (recovery resumes or unwinds)
     only: str  # completes "only ... ", the refusal's reason
+    # More sources, for a run held past its pivot with nothing undone (``Pivot.forward``).
+    forward: frozenset[RunStatus] = frozenset()
+    # The action undoes the run: refused past its pivot (or inside it), half a saga.
+    unwinds: bool = False
 
 
 TRANSITIONS: dict[Action, Transition] = {
@@ -60,11 +88,13 @@ TRANSITIONS: dict[Action, Transition] = {
     Action.APPROVE: Transition(frozenset({S.PAUSED}), S.RUNNING,
                                "a paused run waits for a decision"),
     Action.REJECT: Transition(frozenset({S.PAUSED}), S.COMPENSATING,
-                              "a paused run waits for a decision"),
-    Action.RETRY: Transition(frozenset({S.FAILED}), S.RUNNING, "a failed run is retried"),
+                              "a paused run waits for a decision", unwinds=True),
+    Action.RETRY: Transition(frozenset({S.FAILED}), S.RUNNING,
+                             "a failed run, or one held past its pivot, is retried",
+                             forward=frozenset({S.NEEDS_ATTENTION})),
     Action.COMPENSATE: Transition(
         frozenset({S.PAUSED, S.FAILED, S.SUCCEEDED, S.NEEDS_ATTENTION}), S.COMPENSATING,
-        "a paused, failed, succeeded or needs-attention run can be compensated"),
+        "a paused, failed, succeeded or needs-attention run can be compensated", unwinds=True),
     Action.RESOLVE: Transition(frozenset({S.NEEDS_ATTENTION}), S.COMPENSATED,
                                "a run that needs attention is resolved by hand"),
     Action.RETRY_COMPENSATION: Transition(
@@ -104,7 +134,8 @@ CHANGES: dict[RunStatus, frozenset[RunStatus]] = {
     S.FAILED: frozenset({S.RUNNING, S.COMPENSATING}),
     S.SUCCEEDED: frozenset({S.COMPENSATING, S.RUNNING}),  # compensated, or its next turn
     S.COMPENSATING: frozenset({S.COMPENSATED, S.NEEDS_ATTENTION}),
-    S.NEEDS_ATTENTION: frozenset({S.COMPENSATING, S.COMPENSATED}),  # again, or by hand
+    # compensated again, or by hand; retried past its pivot
+    S.NEEDS_ATTENTION: frozenset({S.COMPENSATING, S.COMPENSATED, S.RUNNING}),
     S.COMPENSATED: frozenset({S.RUNNING}),  # its next turn
 }
 
@@ -123,30 +154,62 @@ REQUESTS = frozenset({Action.APPROVE, Action.REJECT, Action.RETRY, Action.COMPEN
 
 
 def refusal(action: Action, status: RunStatus | str, *, run: str = "",
-            waiting: str | None = None) -> str | None:
+            waiting: str | None = None, pivot: Pivot | None = None) -> str | None:
     """``None`` if ``action`` may happen to a run in ``status``; else why not, in words for an
     operator (``run`` names the run in the message).
 
     ``waiting`` describes an operator's request on the run that a worker has yet to carry out
-    ("compensate by carol"): until it is, no other request may overtake it."""
+    ("compensate by carol"): until it is, no other request may overtake it. ``pivot``: where
+    the run's turn stands to its pivot (``Pivot``; ``None`` if it has not reached one)."""
     action, status = Action(action), RunStatus(status)
+    transition = TRANSITIONS[action]
     name = f"run {run} " if run else "the run "
-    if status not in TRANSITIONS[action].sources:
-        return f"{name}is {status}; only {TRANSITIONS[action].only}"
+    if status not in transition.sources and not (
+            status in transition.forward and pivot is not None and pivot.forward):
+        if status in transition.forward and pivot is not None:
+            why = (f"it stopped inside its pivot {pivot.node!r}: whether that happened is "
+                   "unknown" if pivot.in_doubt else
+                   f"it passed its pivot {pivot.node!r} but was partly undone")
+            return f"{name}is {status}; {why}, so it is not retried forward (resolve it by hand)"
+        return f"{name}is {status}; only {transition.only}"
+    if transition.unwinds and pivot is not None:
+        return _past_pivot(name, action, pivot)
     if waiting and action in REQUESTS:
         return (f"{name}has a request waiting for a worker ({waiting}); try again once it is "
                 "carried out")
     return None
 
 
+def _past_pivot(name: str, action: Action, pivot: Pivot) -> str:
+    if pivot.in_doubt:
+        return (f"{name}stopped inside its pivot {pivot.node!r}: whether it happened is "
+                f"unknown, so {action} could undo half a saga; check the pivot's effect and "
+                "resolve the run by hand")
+    forward = "resolve it by hand" if pivot.unwound else "retry it, or resolve it by hand"
+    return (f"{name}passed its pivot {pivot.node!r} (the point of no return): {action} would "
+            f"undo the steps before it and not the pivot, half a saga; it goes forward only "
+            f"({forward})")
+
+
+def fits(action: Action | str, status: RunStatus | str) -> bool:
+    """Whether an operator's request for ``action``, accepted earlier (checked in full then,
+    its run's pivot too), still fits its run now in ``status``: whether a run in ``status`` may
+    take it at all. A run's pivot does not change while it waits for an operator, so only its
+    status is asked (a request whose worker died mid-way no longer fits: the run went on)."""
+    transition = TRANSITIONS[Action(action)]
+    return RunStatus(status) in transition.sources | transition.forward
+
+
 def check(action: Action, status: RunStatus | str, *, run: str = "",
-          waiting: str | None = None) -> None:
+          waiting: str | None = None, pivot: Pivot | None = None) -> None:
     """Raise ``InvalidRunState`` with ``refusal()``'s reason if ``action`` may not happen."""
-    why = refusal(action, status, run=run, waiting=waiting)
+    why = refusal(action, status, run=run, waiting=waiting, pivot=pivot)
     if why is not None:
         raise InvalidRunState(why)
 
 
-def allowed(status: RunStatus | str, *, waiting: str | None = None) -> frozenset[Action]:
+def allowed(status: RunStatus | str, *, waiting: str | None = None,
+            pivot: Pivot | None = None) -> frozenset[Action]:
     """The actions a run in ``status`` accepts now (the buttons a dashboard may show)."""
-    return frozenset(a for a in Action if refusal(a, status, waiting=waiting) is None)
+    return frozenset(a for a in Action
+                     if refusal(a, status, waiting=waiting, pivot=pivot) is None)

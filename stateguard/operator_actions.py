@@ -20,8 +20,8 @@ from stateguard.events import Event, emit
 from stateguard.exceptions import ApprovalRejected, ConfigurationError, InvalidRunState
 from stateguard.instrument import node_tags
 from stateguard.journal import turn_steps
-from stateguard.kinds import pivot_of, pivot_refusal
-from stateguard.lifecycle import Action, check
+from stateguard.kinds import StepKind, pivot_of, pivot_state
+from stateguard.lifecycle import Action, Pivot, check
 from stateguard.records import (
     RETRYABLE_COMPENSATIONS,
     ApprovalRecord,
@@ -124,8 +124,8 @@ class GuardOperations(GuardRunner):
         An approval already rejected (decided elsewhere, ``step_id`` naming it) is carried out."""
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            check(Action.REJECT, self._run_record(run_id).status, run=run_id)
-            self._refuse_past_pivot(run_id, "reject")
+            check(Action.REJECT, self._run_record(run_id).status, run=run_id,
+                  pivot=self._pivot(run_id))
             cause = self._rejection(paused_tasks(graph.get_state(config)), run_id, node,
                                     step_id, by, reason)
             report = self.core.unwind(run_id, cause, triggered_by=by or "operator",
@@ -138,8 +138,8 @@ class GuardOperations(GuardRunner):
                       reason: str = "") -> UnwindReport:
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            check(Action.REJECT, self._run_record(run_id).status, run=run_id)
-            self._refuse_past_pivot(run_id, "reject")
+            check(Action.REJECT, self._run_record(run_id).status, run=run_id,
+                  pivot=self._pivot(run_id))
             snapshot = await graph.aget_state(config)
             cause = self._rejection(paused_tasks(snapshot), run_id, node, step_id, by, reason)
             report = await self.core.aunwind(run_id, cause, triggered_by=by or "operator",
@@ -159,12 +159,18 @@ class GuardOperations(GuardRunner):
         """Resume a failed run from where it stopped: ``invoke(None)`` semantics, so succeeded
         steps never run again; only the failed or unfinished task does.
 
+        A run held ``needs_attention`` past its pivot (``stateguard.kinds``: a step after it
+        failed past its retries, say), nothing of it undone, is resumed the same way: past the
+        point of no return a run is recovered forward, never unwound. Not one that stopped
+        inside its pivot, nor one partly undone (``stateguard.lifecycle.Pivot``).
+
         A step left in doubt by a dead process would run again, possibly repeating its effect:
         that needs ``force=True`` (for nodes known to be idempotent). A run whose process died
         is taken over with ``recover``."""
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            check(Action.RETRY, self._run_record(run_id).status, run=run_id)
+            check(Action.RETRY, self._run_record(run_id).status, run=run_id,
+                  pivot=self._pivot(run_id))
             self._refuse_doubt(self._reconcile(graph, graph.get_state(config), run_id), run_id,
                                force)
             self.core.set_status(run_id, RunStatus.RUNNING)
@@ -173,7 +179,8 @@ class GuardOperations(GuardRunner):
     async def aretry(self, graph: Graph, config: RunnableConfig, *, force: bool = False) -> Any:
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            check(Action.RETRY, self._run_record(run_id).status, run=run_id)
+            check(Action.RETRY, self._run_record(run_id).status, run=run_id,
+                  pivot=self._pivot(run_id))
             self._refuse_doubt(self._reconcile(graph, await graph.aget_state(config), run_id),
                                run_id, force)
             self.core.set_status(run_id, RunStatus.RUNNING)
@@ -195,16 +202,16 @@ class GuardOperations(GuardRunner):
         declared ``in_doubt_safe``."""
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
-            self._refuse_past_pivot(run_id, "compensate")
+            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id,
+                  pivot=self._pivot(run_id))
             return self._compensate(graph, config, run_id, by, reason)
 
     async def acompensate(self, graph: Graph, config: RunnableConfig, *, by: str = "operator",
                           reason: str = "operator") -> UnwindReport:
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id)
-            self._refuse_past_pivot(run_id, "compensate")
+            check(Action.COMPENSATE, self._run_record(run_id).status, run=run_id,
+                  pivot=self._pivot(run_id))
             snapshot = await graph.aget_state(config)
             self._reconcile(graph, snapshot, run_id)
             cause = Cause(reason)
@@ -214,12 +221,16 @@ class GuardOperations(GuardRunner):
             await aanswer_tool_calls(graph, config, cause, report)
             return report
 
-    def _refuse_past_pivot(self, run_id: str, action: str) -> None:
-        """An operator may not unwind a run past its pivot (``stateguard.kinds``): it would
-        undo the steps before the point of no return and not the pivot, half a saga."""
-        why = pivot_refusal(turn_steps(self.core.journal, run_id), run=run_id, action=action)
-        if why is not None:
-            raise InvalidRunState(why)
+    def _pivot(self, run_id: str) -> Pivot | None:
+        """Where the run's turn stands to its pivot: past it, an operator may not unwind it
+        (half a saga), and may retry it forward (``stateguard.lifecycle``)."""
+        journal = self.core.journal
+        steps = turn_steps(journal, run_id)
+        if not any(s.kind == StepKind.PIVOT for s in steps):
+            return None
+        ids = {s.step_id for s in steps}
+        return pivot_state(steps, unwound=any(c.step_id in ids
+                                              for c in journal.compensations(run_id)))
 
     def _compensate(self, graph: Graph, config: RunnableConfig, run_id: str, by: str,
                     reason: str | Cause, *, reconcile: bool = True) -> UnwindReport:

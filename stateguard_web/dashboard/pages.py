@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from stateguard import lifecycle
-from stateguard.lifecycle import ATTENTION, LIVE, Action
+from stateguard.lifecycle import ATTENTION, LIVE, Action, Pivot
 from stateguard.records import DONE_COMPENSATIONS, EFFECT_STATUSES
 from stateguard.retry import CompensationRetry
 from stateguard.spec import GuardSpec, build_compensations
@@ -215,6 +215,8 @@ class RunPage:
     next_attempt: datetime | None = None
     # Why compensate and reject are not offered: the run passed its pivot (stateguard.kinds).
     past_pivot: str | None = None
+    # Where the run stands to its pivot: past it, a retry goes forward (stateguard.lifecycle).
+    pivot: Pivot | None = None
 
     @property
     def run_actions(self) -> set[str]:
@@ -233,14 +235,17 @@ def run_page(*, run: Run, user: Any) -> RunPage:
     violated = [s for s in steps if s.status == Step.Status.VIOLATED]
     can_operate = access.may(user, Ability.OPERATE, run)
     waiting = run.waiting_request
-    actions = {str(a) for a in lifecycle.allowed(run.status, waiting=waiting)
+    pivot = selectors.run_pivot(run=run, steps=steps, compensations=compensations)
+    actions = {str(a) for a in lifecycle.allowed(run.status, waiting=waiting, pivot=pivot)
                if a in lifecycle.REQUESTS} if can_operate else set()
     if not pending:
         actions -= {Action.APPROVE, Action.REJECT}
-    past_pivot = (selectors.run_pivot_refusal(run=run)
-                  if actions & {Action.COMPENSATE, Action.REJECT} else None)
-    if past_pivot is not None:  # the service would refuse them: offer no button
-        actions -= {Action.COMPENSATE, Action.REJECT}
+    # Say why there is no compensate button when only the pivot takes it away.
+    unwinds = lifecycle.allowed(run.status, waiting=waiting) - lifecycle.allowed(
+        run.status, waiting=waiting, pivot=pivot)
+    past_pivot = (lifecycle.refusal(Action.COMPENSATE, run.status, run=str(run.code),
+                                    pivot=pivot)
+                  if can_operate and Action.COMPENSATE in unwinds else None)
     failed_step = next((s for s in reversed(steps) if s.status == Step.Status.FAILED), None)
     views = _step_views(run, steps, compensations)
     page = RunPage(
@@ -251,7 +256,7 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         violation_state=violated[-1].state_after if violated else None,
         graph_svg=_graph(run, views, compensations, pending), actions=actions,
         failed_step=failed_step, request=waiting, can_operate=can_operate,
-        next_attempt=next_attempt(run, compensations), past_pivot=past_pivot)
+        next_attempt=next_attempt(run, compensations), past_pivot=past_pivot, pivot=pivot)
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):

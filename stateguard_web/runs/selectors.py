@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -15,6 +17,7 @@ from django.db.models.functions import Cast
 
 from stateguard import kinds
 from stateguard.instrument import node_tags
+from stateguard.lifecycle import Pivot
 from stateguard.records import StepRecord, StepStatus
 from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.lib import rows as sql_rows
@@ -38,14 +41,29 @@ class NotFound(LookupError):
     """No such approval or compensation (where the caller may look)."""
 
 
-def run_pivot_refusal(*, run: Run, action: str = "compensate") -> str | None:
-    """Why ``action`` (an operator's compensate or reject) may not unwind ``run``: it passed
-    its pivot, or stopped inside it (``stateguard.kinds``); ``None`` if it may. The run's pivot
-    steps only: a query that returns no row for a run with no pivot."""
-    pivots = [StepRecord(str(run.code), step_id, node, status=StepStatus(status), kind=kind)
-              for step_id, node, status, kind in run.steps.filter(
-                  kind=kinds.StepKind.PIVOT).values_list("step_id", "node", "status", "kind")]
-    return kinds.pivot_refusal(pivots, run=str(run.code), action=action)
+def run_pivot(*, run: Run, steps: Iterable[Step] | None = None,
+              compensations: Iterable[Compensation] | None = None) -> Pivot | None:
+    """Where ``run`` stands to its pivot (``stateguard.kinds.pivot_state``): past it, an
+    operator may not unwind it, and may retry it forward (``stateguard.lifecycle``). ``steps``
+    and ``compensations``: the run's, when the caller read them already (the run page); else its
+    pivot steps only are read, a query that returns no row for a run with no pivot, and its
+    compensations only for a run past one."""
+    if steps is None:
+        rows = list(run.steps.filter(kind=kinds.StepKind.PIVOT).values_list(
+            "step_id", "node", "status", "kind"))
+    else:
+        rows = [(s.step_id, s.node, s.status, s.kind) for s in steps
+                if s.kind == kinds.StepKind.PIVOT]
+    code = str(run.code)
+    pivots = [StepRecord(code, step_id, node, status=StepStatus(status), kind=kind)
+              for step_id, node, status, kind in rows]
+    pivot = kinds.pivot_state(pivots)
+    if pivot is None or pivot.in_doubt:
+        return pivot
+    # The web journal keeps one turn per run: any compensation is of this one.
+    unwound = (run.compensations.exists() if compensations is None
+               else any(True for _ in compensations))
+    return replace(pivot, unwound=unwound)
 
 
 def run_get(*, code: str | uuid.UUID, detail: bool = False) -> Run:

@@ -161,16 +161,12 @@ def _locked(run: Run) -> Run:
     return Run.objects.select_for_update().get(pk=run.pk)
 
 
-def _allowed(action: Action, run: Run) -> None:
-    """Refuse ``action`` with the state machine's reason (the API's 409, the page's message)."""
-    why = lifecycle.refusal(action, run.status, run=str(run.code), waiting=run.waiting_request)
-    if why is not None:
-        raise ActionNotAllowed(why)
-
-
-def _forward_only(action: Action, run: Run) -> None:
-    """Refuse an unwind of a run past its pivot: it would undo half a saga."""
-    why = selectors.run_pivot_refusal(run=run, action=str(action))
+def _allowed(action: Action, run: Run, *, pivot: bool = False) -> None:
+    """Refuse ``action`` with the state machine's reason (the API's 409, the page's message).
+    ``pivot``: the action's rule depends on where the run stands to its pivot (an unwind is
+    refused past it, a retry goes forward from it), so that is read too."""
+    why = lifecycle.refusal(action, run.status, run=str(run.code), waiting=run.waiting_request,
+                            pivot=selectors.run_pivot(run=run) if pivot else None)
     if why is not None:
         raise ActionNotAllowed(why)
 
@@ -236,8 +232,7 @@ def run_reject(*, run: Run, by: By, node: str | None = None,
                step_id: str | None = None, reason: str = "") -> Run:
     run = _locked(run)
     reason = _text(reason, "reason")
-    _allowed(Action.REJECT, run)
-    _forward_only(Action.REJECT, run)
+    _allowed(Action.REJECT, run, pivot=True)
     approval = _decide(run, by, node, step_id, Approval.Status.REJECTED, reason)
     _request(run, by, Action.REJECT, step_id=approval.step_id, reason=reason)
     _audit(run, by, "run.rejected", node=approval.node, step_id=approval.step_id,
@@ -247,8 +242,10 @@ def run_reject(*, run: Run, by: By, node: str | None = None,
 
 @transaction.atomic
 def run_retry(*, run: Run, by: By) -> Run:
+    """Resume a failed run from its failure point, or a run held past its pivot (it goes
+    forward only: the step that failed runs again)."""
     run = _locked(run)
-    _allowed(Action.RETRY, run)
+    _allowed(Action.RETRY, run, pivot=True)
     _request(run, by, Action.RETRY)
     _audit(run, by, "run.retry_requested")
     return run
@@ -258,8 +255,7 @@ def run_retry(*, run: Run, by: By) -> Run:
 def run_compensate(*, run: Run, by: By, reason: str = "") -> Run:
     run = _locked(run)
     reason = _text(reason, "reason")
-    _allowed(Action.COMPENSATE, run)
-    _forward_only(Action.COMPENSATE, run)
+    _allowed(Action.COMPENSATE, run, pivot=True)
     _request(run, by, Action.COMPENSATE)
     _audit(run, by, "run.compensate_requested", **({"reason": reason} if reason else {}))
     return run

@@ -27,7 +27,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
-from stateguard.lifecycle import LIVE, Action, refusal
+from stateguard.lifecycle import LIVE, Action, fits
 from stateguard_web.runs.runtime import agent_names, config_for, guard_for, has_checkpoint
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import LeaseLost
@@ -281,7 +281,7 @@ def sweep_expired_leases() -> int:
     waiting = {pk: request for pk, request, status in Run.objects.filter(
         Q(lease_owner="") | Q(lease_expires_at__lt=now), request__isnull=False,
         requested_at__lt=now - lease).values_list("pk", "request", "status")
-        if refusal(request["action"], status) is None}
+        if fits(request["action"], status)}
     undone = _due(Run.objects.filter(pk__in=list(waiting)), now)
     for pk in undone:
         run_request.apply_async((pk, waiting[pk]["id"]), expires=expires)

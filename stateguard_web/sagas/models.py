@@ -113,10 +113,11 @@ class Run(models.Model):
     def waiting_request(self) -> str | None:
         """The operator's request waiting for a worker, in words ("compensate by carol"), if
         it still fits the run (a request whose worker died mid-way no longer does: recovery
-        has taken the run over)."""
+        has taken the run over). Its status alone says so (``lifecycle.fits``): the request was
+        checked in full when it was made."""
         request = self.request or {}
         action = request.get("action")
-        if not action or lifecycle.refusal(action, self.status) is not None:
+        if not action or not lifecycle.fits(action, self.status):
             return None
         return f"{action} by {request.get('by', 'someone')}"
 

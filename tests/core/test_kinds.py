@@ -190,6 +190,85 @@ def test_it_lets_an_operator_retry_a_run_held_failed_past_the_pivot(form: Form) 
     assert shop.emails == ["ch_1"] and shop.shipments == ["ch_1"] and shop.refunds == []
 
 
+def compiled(form: Form, guard: StateGuardCheckpointer,
+             builder: StateGraph[Any, Any, Any, Any]) -> Any:
+    """The graph an operator acts on, compiled as the form compiles it."""
+    return builder.compile(checkpointer=guard) if form == "dropin" else guard.compile(builder)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_it_retries_forward_a_run_held_needing_attention_past_the_pivot(form: Form) -> None:
+    shop = Shop(email_failures=FAST_RETRY.attempts)  # every attempt of the first run fails
+    guard = make_guard(shop)
+    builder = shop.builder()
+    _, error = run(form, guard, builder, "t")
+    assert error is not None and guard.status("t").run.status == RunStatus.NEEDS_ATTENTION
+    assert "once the cause is fixed, retry it" in str(guard.status("t").run.error)
+
+    # the provider is fixed (the next attempt goes through); an operator retries the run
+    out = guard.retry(compiled(form, guard, builder), config("t"))
+
+    assert out["emailed"] is True
+    view = guard.status("t")
+    assert view.run.status == RunStatus.SUCCEEDED and view.run.error is None
+    assert (shop.charges, shop.shipments, shop.emails) == (["ch_1"], ["ch_1"], ["ch_1"])
+    assert shop.refunds == [] and view.compensations == []  # never unwound
+    assert shop.email_attempts == FAST_RETRY.attempts + 1
+    assert [(s.node, s.status) for s in view.steps] == [
+        ("charge", StepStatus.SUCCEEDED), ("ship", StepStatus.SUCCEEDED),
+        ("email", StepStatus.SUCCEEDED)]
+
+
+@pytest.mark.parametrize("form", FORMS)
+async def test_it_retries_forward_a_held_run_on_an_event_loop(form: Form) -> None:
+    shop = Shop(email_failures=FAST_RETRY.attempts)
+    guard = make_guard(shop)
+    builder = shop.builder()
+    run(form, guard, builder, "t")
+    assert guard.status("t").run.status == RunStatus.NEEDS_ATTENTION
+
+    await guard.aretry(compiled(form, guard, builder), config("t"))
+    assert guard.status("t").run.status == RunStatus.SUCCEEDED
+    assert shop.emails == ["ch_1"] and shop.refunds == []
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_it_holds_the_run_again_when_its_retry_fails_past_the_pivot(form: Form) -> None:
+    shop = Shop(email_failures=99)
+    guard = make_guard(shop)
+    builder = shop.builder()
+    run(form, guard, builder, "t")
+    graph = compiled(form, guard, builder)
+    with pytest.raises(Exception, match="smtp down") as raised:
+        guard.retry(graph, config("t"))
+    if form == "guarded":  # the runner's retry raises as its invoke does
+        assert isinstance(raised.value, SagaAborted) and raised.value.report.held
+    assert guard.status("t").run.status == RunStatus.NEEDS_ATTENTION
+    assert shop.email_attempts == 2 * FAST_RETRY.attempts and shop.refunds == []
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_it_refuses_to_retry_a_run_that_needs_attention_before_its_pivot(form: Form) -> None:
+    # The pivot fails, the charge's refund fails: half unwound, nothing to go forward from.
+    shop = Shop(fail_ship=True)
+
+    def refund_fails(state: dict[str, Any], ctx: Any) -> bool:
+        raise ConnectionError("payments down")
+
+    guard = StateGuardCheckpointer(compensations={"charge": refund_fails},
+                                   compensation_retry=FAST_RETRY,
+                                   kinds={"ship": "pivot", "email": Retriable(FAST_RETRY)})
+    builder = shop.builder()
+    run(form, guard, builder, "t")
+    assert guard.status("t").run.status == RunStatus.NEEDS_ATTENTION
+
+    shop.fail_ship = False
+    with pytest.raises(InvalidRunState, match="is needs_attention; only a failed run, or one "
+                                              "held past its pivot, is retried"):
+        guard.retry(compiled(form, guard, builder), config("t"))
+    assert shop.shipments == [] and guard.status("t").run.status == RunStatus.NEEDS_ATTENTION
+
+
 @pytest.mark.parametrize("form", FORMS)
 def test_it_refuses_a_compensated_node_that_runs_only_after_the_pivot(form: Form) -> None:
     shop = Shop()

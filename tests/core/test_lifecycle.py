@@ -21,9 +21,11 @@ from stateguard.lifecycle import (
     CHANGES,
     TRANSITIONS,
     Action,
+    Pivot,
     allowed,
     check,
     check_change,
+    fits,
     refusal,
 )
 from tests.core.support import FAST_RETRY, config, line_builder, undo
@@ -32,7 +34,7 @@ from tests.core.support import FAST_RETRY, config, line_builder, undo
 def test_it_says_why_an_action_does_not_fit_the_status() -> None:
     assert refusal(Action.RETRY, RunStatus.FAILED) is None
     assert refusal(Action.RETRY, "succeeded", run="r1") == (
-        "run r1 is succeeded; only a failed run is retried")
+        "run r1 is succeeded; only a failed run, or one held past its pivot, is retried")
     with pytest.raises(InvalidRunState, match="only a paused run waits for a decision"):
         check(Action.APPROVE, RunStatus.RUNNING)
 
@@ -76,6 +78,32 @@ def test_it_holds_back_other_requests_while_one_waits_for_a_worker() -> None:
                                              waiting="approve by bob"))
     assert allowed(RunStatus.NEEDS_ATTENTION) == {Action.COMPENSATE, Action.RESOLVE,
                                                    Action.RETRY_COMPENSATION}
+
+
+def test_past_its_pivot_a_run_goes_forward_only() -> None:
+    held = Pivot("ship")
+    assert allowed(RunStatus.NEEDS_ATTENTION, pivot=held) == {
+        Action.RETRY, Action.RESOLVE, Action.RETRY_COMPENSATION}
+    assert allowed(RunStatus.FAILED, pivot=held) == {Action.RETRY}
+    assert allowed(RunStatus.PAUSED, pivot=held) == {Action.APPROVE}
+    assert refusal(Action.COMPENSATE, "needs_attention", run="r1", pivot=held) == (
+        "run r1 passed its pivot 'ship' (the point of no return): compensate would undo the "
+        "steps before it and not the pivot, half a saga; it goes forward only (retry it, or "
+        "resolve it by hand)")
+    assert "reject could undo half a saga" in str(
+        refusal(Action.REJECT, "paused", pivot=Pivot("ship", in_doubt=True)))
+    # Not forward from inside the pivot, nor once part of the run was undone.
+    for pivot, why in [(Pivot("ship", in_doubt=True), "stopped inside its pivot 'ship'"),
+                       (Pivot("ship", unwound=True), "passed its pivot 'ship' but was partly "
+                                                     "undone")]:
+        assert Action.RETRY not in allowed(RunStatus.NEEDS_ATTENTION, pivot=pivot)
+        assert why in str(refusal(Action.RETRY, "needs_attention", pivot=pivot))
+    assert "(resolve it by hand)" in str(refusal(Action.COMPENSATE, "failed",
+                                                 pivot=Pivot("ship", unwound=True)))
+    check_change(RunStatus.NEEDS_ATTENTION, RunStatus.RUNNING)  # what the retry writes
+    # A request accepted past the pivot still fits while the run waits.
+    assert fits(Action.RETRY, "needs_attention") and not fits(Action.RETRY, "running")
+    assert fits("compensate", "failed") and not fits("approve", "failed")
 
 
 def test_it_carries_out_an_approval_decided_elsewhere_and_refuses_the_opposite() -> None:

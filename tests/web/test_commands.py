@@ -138,7 +138,8 @@ class ActionTests(TestCase):
     def test_it_refuses_to_retry_a_succeeded_run_with_the_services_message(self) -> None:
         self.run.status = Run.Status.SUCCEEDED
         self.run.save()
-        with pytest.raises(CommandError, match="is succeeded; only a failed run is retried"):
+        with pytest.raises(CommandError, match="is succeeded; only a failed run, or one held "
+                                               "past its pivot, is retried"):
             command("retry", self.code)
         assert not AuditEvent.objects.exists()
 
@@ -183,7 +184,7 @@ def test_it_exits_non_zero_with_one_line_and_no_traceback(manage_py: ManagePy) -
             ("resolve", str(stuck.code), "--note", "refunded in Stripe")])
     assert refused.returncode == 1
     assert refused.stderr == (f"CommandError: run {succeeded.code} is succeeded; "
-                              "only a failed run is retried\n")
+                              "only a failed run, or one held past its pivot, is retried\n")
     assert malformed.returncode == 1
     assert malformed.stderr.startswith("CommandError: not a run id: '12345'")
     assert "Traceback" not in refused.stderr + malformed.stderr

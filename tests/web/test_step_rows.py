@@ -257,7 +257,8 @@ def test_it_leaves_a_run_whose_retry_died_to_recovery() -> None:
     rescuer, rescuer_saver = deferring()
     again = StateGuardCheckpointer(rescuer_saver, journal=rescuer, on_error="hold")
     # A run whose worker died is recovery's (the sweeper's): a retry would re-run b, in doubt.
-    with pytest.raises(InvalidRunState, match="only a failed run is retried"):
+    with pytest.raises(InvalidRunState, match="only a failed run, or one held past its "
+                                              "pivot, is retried"):
         again.retry(again.compile(line_builder(["a", "b", "c"], effects, {"b": b_body})),
                     config(code))
 

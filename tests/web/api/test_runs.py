@@ -198,7 +198,8 @@ class ActionTests(World):
     def test_it_says_why_the_state_machine_refuses(self) -> None:
         response = self.call("charlie", "POST", f"/api/runs/{self.paused.code}/retry")
         assert (response.status_code, response.json()["code"]) == (409, "not_allowed_now")
-        assert "only a failed run is retried" in response.json()["detail"]
+        assert "only a failed run, or one held past its pivot, is retried" in response.json()[
+            "detail"]
         response = self.call("charlie", "POST", f"/api/runs/{self.failed.code}/compensate")
         assert response.status_code == 202  # no body: no reason
         response = self.call("charlie", "POST", f"/api/runs/{self.failed.code}/retry")

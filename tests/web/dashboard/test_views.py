@@ -417,6 +417,30 @@ class ButtonTests(DashboardWorld):
         assert 'data-kind="pivot"' in html and 'data-kind="retriable"' in html
         assert 'data-kind="compensatable"' not in html  # the default needs no badge
 
+    def test_it_offers_a_retry_forward_to_a_run_held_past_its_pivot(self) -> None:
+        now = timezone.now()
+        held = Run.objects.create(
+            agent="provision", status=Run.Status.NEEDS_ATTENTION, submitted_by=self.alice,
+            input={"name": "web-4"}, error={"type": "ConnectionError", "message": "smtp down",
+                                            "traceback": ""})
+        for step_id, node, kind, status in [
+                ("t-ws", "create_workspace", "compensatable", Step.Status.SUCCEEDED),
+                ("t-ship", "ship_order", "pivot", Step.Status.SUCCEEDED),
+                ("t-mail", "send_email", "retriable", Step.Status.FAILED)]:
+            Step.objects.create(run=held, step_id=step_id, node=node, kind=kind, status=status,
+                                attempt=3 if kind == "retriable" else 1, started_at=now)
+
+        html = self.client_for("charlie").get(self.url(held)).content.decode()
+        assert actions_on(html) == ["resolve", "retry"]  # no compensate past the pivot
+        assert "Retry from the failure…" in html and "Compensate now…" not in html
+        assert ("passed its pivot &#x27;ship_order&#x27; (the point of no return): compensate "
+                "would undo") in html and "(retry it, or resolve it by hand)" in html
+        forward = re.search(r"<p data-forward>(.*?)</p>", html, re.S)
+        assert forward is not None and "<strong>ship_order</strong>" in forward[1]
+        assert "<strong>send_email</strong> runs again (attempt 4)" in html
+        assert self.client_for("vera").get(self.url(held)).content.decode().count(
+            "data-forward") == 0  # a viewer is offered nothing
+
     def test_it_offers_nothing_while_a_request_waits_for_a_worker(self) -> None:
         Run.objects.filter(pk=self.failed.pk).update(
             request={"id": "r1", "action": "retry", "by": "dora"}, requested_at=timezone.now())
@@ -548,7 +572,8 @@ class ActionTests(DashboardWorld):
         before = journal_state()
         response = self.client_for("charlie").post(self.url(self.paused, "retry"), follow=True)
         html = response.content.decode()
-        assert f"run {self.paused.code} is paused; only a failed run is retried" in html
+        assert (f"run {self.paused.code} is paused; only a failed run, or one held past its "
+                "pivot, is retried") in html
         assert 'class="message message-error" role="alert"' in html
         assert journal_state() == before
 
