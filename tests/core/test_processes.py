@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,16 +12,16 @@ from typing import Any
 import pytest
 
 from stateguard import SqliteJournal
+from tests.core import forked
 
 pytestmark = pytest.mark.slow  # real processes, killed: not in make check
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start(tmp_path: Path, *args: str, module: str = "tests.core.procs"
-          ) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", module, str(tmp_path), *args],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def start(tmp_path: Path, *args: str, module: str = "tests.core.procs") -> forked.Forked:
+    """``python -m module tmp_path *args``, forked from a warm interpreter (``forked``)."""
+    return forked.start(tmp_path / ".procs", module, str(tmp_path), *args)
 
 
 def run(tmp_path: Path, *args: str, module: str = "tests.core.procs") -> dict[str, Any]:
