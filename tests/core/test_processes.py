@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from stateguard import SqliteJournal
-from tests.core import forked
+from tests import forked
 
 pytestmark = pytest.mark.slow  # real processes, killed: not in make check
 
@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def start(tmp_path: Path, *args: str, module: str = "tests.core.procs") -> forked.Forked:
-    """``python -m module tmp_path *args``, forked from a warm interpreter (``forked``)."""
-    return forked.start(tmp_path / ".procs", module, str(tmp_path), *args)
+    """``python -m module tmp_path *args``, forked from a warm interpreter (``tests.forked``)."""
+    outputs = tmp_path / ".procs"
+    return forked.start(module, str(tmp_path), *args, out=forked.new_file(outputs, ".out"),
+                        err=forked.new_file(outputs, ".err"))
 
 
 def run(tmp_path: Path, *args: str, module: str = "tests.core.procs") -> dict[str, Any]:

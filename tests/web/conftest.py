@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from tests import forked
 from tests.conftest import _free_port, _port_answers
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -130,29 +131,28 @@ class Workers:
                        strict=True)),
         }
         self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
+        self.procs: list[forked.Forked] = []
 
-    def start(self, name: str, *, beat: bool = False) -> subprocess.Popen[bytes]:
-        args = [sys.executable, "-m", "celery", "-A", "stateguard_web", "worker", "-l", "info",
-                "--concurrency", "1", "-n", f"{name}@%h", "--without-mingle",
-                "--without-gossip"]
+    def start(self, name: str, *, beat: bool = False) -> forked.Forked:
+        args = ["-A", "stateguard_web", "worker", "-l", "info", "--concurrency", "1",
+                "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
         if beat:
             args += ["-B", "-s", str(self.log_dir / f"{name}-beat-schedule")]
-        log = (self.log_dir / f"{name}.log").open("wb")
-        # A session of its own, so SIGKILL reaches the worker's pool children too.
-        proc = subprocess.Popen(args, cwd=ROOT, env=self.env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        # `python -m celery ...`, forked warm (tests/forked.py). A session of its own, so
+        # SIGKILL reaches the worker's pool children too.
+        proc = forked.start("celery", *args, out=self.log_dir / f"{name}.log", env=self.env,
+                            new_session=True)
         self.procs.append(proc)
         return proc
 
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+    def kill(self, proc: forked.Forked) -> None:
         import signal
 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
 
-    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+    def stop(self, proc: forked.Forked) -> None:
         """A warm shutdown (SIGTERM), as a deployment stops a worker: it finishes its task,
         and its heartbeat leaves the set of live workers (monitoring/heartbeat.py)."""
         import signal
@@ -222,11 +222,11 @@ def queue() -> Iterator[Any]:
 
 # The web servers: Daphne (`make run`, and the websockets in production) and gunicorn
 # (production's HTTP, with the repository's gunicorn.conf.py: one process here).
+# `python -m <module> <arguments>`, forked warm (tests/forked.py).
 SERVER_COMMANDS: dict[str, Callable[[int], list[str]]] = {
-    "daphne": lambda port: [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+    "daphne": lambda port: ["daphne", "-b", "127.0.0.1", "-p", str(port),
                             "stateguard_web.asgi:application"],
-    "gunicorn": lambda port: [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}",
-                              "--workers", "1"],
+    "gunicorn": lambda port: ["gunicorn", "--bind", f"127.0.0.1:{port}", "--workers", "1"],
 }
 
 
@@ -241,11 +241,8 @@ class Server:
         self.port = port or _free_port()  # a port again: the same server restarted
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                SERVER_COMMANDS[kind](self.port), cwd=ROOT,
-                env={**env, "PYTHONUNBUFFERED": "1"}, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
+        module, *args = SERVER_COMMANDS[kind](self.port)
+        self.proc = forked.start(module, *args, out=log, env=env, new_session=True)
 
     def wait_until_up(self) -> None:
         def up() -> bool:
@@ -266,7 +263,7 @@ class Server:
     def stop(self) -> None:
         """Gone at once (SIGKILL): no test reads what a server does on its way out, and a
         graceful stop costs a second or more of each server's test (gunicorn's arbiter and
-        Twisted wind down on their own clocks). Its log is complete: unbuffered output."""
+        Twisted wind down on their own clocks). Its log is complete: line-buffered output."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=10)
