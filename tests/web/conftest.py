@@ -13,7 +13,7 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -41,19 +41,21 @@ AGENT_INPUTS: dict[str, dict[str, Any]] = {
 
 
 def _manage_py(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args],
-        cwd=ROOT,
-        env={**os.environ, "STATEGUARD_ENV_FILE": "", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    # `python manage.py ...`, forked warm (tests/forked.py): manage.py is the module `manage`.
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = Path(folder) / "out", Path(folder) / "err"
+        proc = forked.start("manage", *args, out=out, err=err,
+                            env={**os.environ, "STATEGUARD_ENV_FILE": "", **(env or {})})
+        try:
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    return subprocess.CompletedProcess(["manage.py", *args], proc.wait(), stdout, stderr)
 
 
 @pytest.fixture
 def manage_py() -> ManagePy:
-    """Run ``manage.py`` in a fresh interpreter: ``manage_py("check", env={"DEBUG": "false"})``.
+    """Run ``manage.py`` in a process of its own: ``manage_py("check", env={"DEBUG": "false"})``.
 
     ``env`` is added to this process's environment. No ``.env`` file is read (empty
     ``STATEGUARD_ENV_FILE``), even by a test that cleared the app's variables, unless ``env``

@@ -10,8 +10,8 @@ run's detail, read over HTTP, says so, with the decision and the keys in the aud
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import stripe
 
+from tests import forked
 from tests.conftest import STRIPE_TEST_KEY
-from tests.web.conftest import ROOT, Server, Workers, wait_for
+from tests.web.conftest import Server, Workers, wait_for
 
 
 def serve_with_worker(kind: str, workers: Workers, localstripe_url: str,
@@ -54,16 +55,16 @@ def production_stack(workers: Workers, localstripe_url: str,
 def create_api_keys(env: dict[str, str], *keys: tuple[str, str]) -> list[str]:
     """``manage.py create_api_key NAME --role ROLE`` for each (NAME, ROLE), as an operator runs
     it (at once: each is a Django start-up); the keys, which it prints alone on stdout."""
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "create_api_key", name,
-                               "--role", role],
-                              cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    folder = Path(tempfile.mkdtemp())
+    procs = [forked.start("manage", "create_api_key", name, "--role", role, env=env,
+                          out=forked.new_file(folder, ".out"), err=forked.new_file(folder, ".err"))
              for name, role in keys]
     printed = []
     for proc in procs:
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         printed.append(out.strip())
+    shutil.rmtree(folder)
     return printed
 
 
