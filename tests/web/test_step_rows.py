@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import time
 from typing import Any
@@ -10,7 +11,9 @@ import psycopg
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+from django.db.models import F
 from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.func import entrypoint, task
 from langgraph.graph import START, StateGraph
 from langgraph.types import RetryPolicy
 
@@ -364,3 +367,56 @@ def test_it_finds_a_step_whose_row_waits_for_the_next_checkpoint_write() -> None
     assert running is not None and running.status == StepStatus.STARTED
     assert journal.step_get(code, "t3") is None
     assert {s.step_id: s for s in journal.steps(code)} == {"t1": step, "t2": running}
+
+
+def test_it_writes_a_task_calls_start_before_its_body_runs() -> None:
+    # An entrypoint is one node: no checkpoint write comes between its tasks, so a task's row
+    # waiting for one would be lost with a process that dies in (or right after) its body.
+    journal, saver = deferring()
+    code = new_run()
+    seen: list[tuple[str, str]] = []
+
+    @task
+    def charge_card(amount: int) -> dict[str, Any]:
+        seen.extend(Step.objects.filter(run__code=code).order_by("started_at")
+                    .values_list("node", "status"))
+        return {"id": f"ch_{amount}"}
+
+    def trip(inp: dict[str, int]) -> dict[str, Any]:
+        return {"charge": charge_card(inp["amount"]).result()}
+
+    guard = StateGuardCheckpointer(saver, journal=journal)
+    out = guard.invoke(guard.compile(entrypoint()(trip)), {"amount": 5}, config(code))
+
+    assert out == {"charge": {"id": "ch_5"}}
+    # The run's move to running and the entrypoint's start went with the task's start.
+    assert seen == [("trip", "started"), ("charge_card", "started")]
+    run = Run.objects.get(code=code)
+    assert run.status == Run.Status.SUCCEEDED
+    assert list(Step.objects.filter(run=run).order_by("started_at").values_list(
+        "node", "status", "update")) == [("trip", "succeeded", {"charge": {"id": "ch_5"}}),
+                                         ("charge_card", "succeeded", {"id": "ch_5"})]
+    assert Step.objects.get(run=run, node="charge_card").state_after == {"amount": 5}
+
+
+def test_it_never_runs_a_task_body_for_a_worker_whose_lease_was_taken_over() -> None:
+    journal, saver = deferring()
+    code = new_run()
+    ran: list[int] = []
+
+    @task
+    def charge_card(amount: int) -> int:
+        ran.append(amount)
+        return amount
+
+    def trip(inp: dict[str, int]) -> int:
+        Run.objects.filter(code=code).update(fencing_token=F("fencing_token") + 1)  # taken
+        return int(charge_card(inp["amount"]).result())
+
+    guard = StateGuardCheckpointer(saver, journal=journal)
+    with pytest.raises(LeaseLost):
+        guard.invoke(guard.compile(entrypoint()(trip)), {"amount": 5}, config(code))
+    assert ran == []
+    # The body and the task ran on LangGraph's threads, whose Django connections the error's
+    # frames keep open: let them go, or the test database cannot be dropped.
+    gc.collect()

@@ -9,6 +9,20 @@ With ``defer_steps=True`` (PostgreSQL, with ``JournalingPostgresSaver``) the ste
 first run (leased while pending) are written with LangGraph's checkpoint writes instead of on
 their own (see ``step_rows``); any other use of the run writes them first, so that readers in
 this process never see the journal behind.
+
+Except the start of a ``@task`` call (tagged ``stateguard:task``, ``stateguard.functional``).
+A node's row may wait because LangGraph's last checkpoint lists the node as a pending task
+until its writes commit: a crash inside it is found again (the runner journals it in doubt).
+A task call is no task of the checkpoint (an ``@entrypoint`` is one node, and its tasks run
+inside it): LangGraph writes nothing between a task's start and its effect, and after a crash
+nothing would say it ran. So its start is written at once, in the one statement that also
+carries every row and status waiting before it (one round trip per task call, fenced: a worker
+that lost its lease never runs the body). Its outcome still waits: it travels with LangGraph's
+write of the task's result (the same transaction, so the journal says "succeeded" no later
+than LangGraph has the result to replay), or with the next task's start, whichever comes
+first. A process that dies between the two leaves the task "started": in doubt, compensated
+only by an ``in_doubt_safe`` compensation (else the run needs attention) and run again on
+resume, as LangGraph, which has no saved result either, would run it.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from django.utils import timezone
 from stateguard import ErrorInfo, RunLocked, RunNotFound
 from stateguard.effects import Effect as CoreEffect
 from stateguard.effects import EffectRecord, EffectStatus, settled_status
+from stateguard.functional import TASK_TAG
 from stateguard.lifecycle import CHANGES, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
@@ -364,6 +379,10 @@ class DjangoJournal:
         now = timezone.now()
         if token is not None and run_id in self._fresh:
             self._buffer.start(run_id, step_id, node, tuple(tags), now, kind=str(kind))
+            if TASK_TAG in tags:
+                # A task call: no checkpoint write comes between its start and its effect
+                # (see the module's docstring), so its start goes now, with what waits.
+                self._flush(run_id)
             return (StepRecord(run_id, step_id, node, tuple(tags), StepStatus.STARTED, 1,
                                now.timestamp(), kind=str(kind)), None)  # a first run
         field = Step._meta.get_field
