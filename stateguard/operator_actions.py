@@ -368,18 +368,53 @@ class GuardOperations(GuardRunner):
                 # It died after pausing at a gate, before saying so: it waits for a decision.
                 self.core.set_status(run_id, RunStatus.PAUSED)
                 return None
-            waiting = any(c.status == CompensationStatus.WAITING
-                          for c in self.core.journal.compensations(run_id))
-            if waiting:
-                return self._compensate(graph, config, run_id, "retry",
-                                        Cause("retry", error=run.error), reconcile=False)
-            return self._compensate(graph, config, run_id, "recovery", "crash", reconcile=False)
+            return self._compensate(graph, config, run_id, *self._unwind_of(run),
+                                    reconcile=False)
+
+    async def arecover(self, graph: Graph, config: RunnableConfig, *, resume: bool = False
+                       ) -> Any:
+        """``recover`` for a graph run with ``ainvoke`` (an async saver): the same rules."""
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            run = self._run_record(run_id)
+            check(Action.RECOVER, run.status, run=run_id)
+            self._reconcile(graph, await graph.aget_state(config), run_id)
+            passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
+            if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
+                return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
+            resume = resume or passed is not None
+            if run.status == RunStatus.RUNNING and (resume or await self._afinished(graph,
+                                                                                    config)):
+                self.core.set_status(run_id, RunStatus.RUNNING)
+                return await self._arun(graph, None, config, {})
+            snapshot = await graph.aget_state(config)
+            if run.status == RunStatus.RUNNING and self._pausing_at(snapshot, run_id):
+                self.core.set_status(run_id, RunStatus.PAUSED)
+                return None
+            by, cause = self._unwind_of(run)
+            report = await self.core.aunwind(run_id, cause, triggered_by=by,
+                                             include_in_doubt=True,
+                                             fallback_state=state_values(snapshot.values))
+            await aanswer_tool_calls(graph, config, cause, report)
+            return report
+
+    def _unwind_of(self, run: Any) -> tuple[str, Cause]:
+        """Who unwinds a recovered run, and why: the next round of compensations that wait
+        (``RetryLater``), else the crash."""
+        waiting = any(c.status == CompensationStatus.WAITING
+                      for c in self.core.journal.compensations(run.run_id))
+        if waiting:
+            return "retry", Cause("retry", error=run.error)
+        return "recovery", Cause("crash")
 
     def _pausing(self, graph: Graph, config: RunnableConfig, run_id: str) -> bool:
-        """Whether the last checkpoint waits on approval gates whose approvals are still
-        pending, every other task of it having run: the run had paused for an operator. (A
-        gate whose approval was given since is not waiting: its body may have started.)"""
-        snapshot = graph.get_state(config)
+        return self._pausing_at(graph.get_state(config), run_id)
+
+    def _pausing_at(self, snapshot: Any, run_id: str) -> bool:
+        """Whether the last checkpoint (``snapshot``) waits on approval gates whose approvals
+        are still pending, every other task of it having run: the run had paused for an
+        operator. (A gate whose approval was given since is not waiting: its body may have
+        started.)"""
         pending = {task_of(a.step_id) for a in self.core.journal.approvals(run_id)
                    if a.status == ApprovalStatus.PENDING}
         gates = [t for t in snapshot.tasks if t.interrupts]
@@ -393,14 +428,30 @@ class GuardOperations(GuardRunner):
         checkpoint that applies them). Those tasks ran; whether the graph goes on after them
         depends on what they wrote, so their writes are applied (stopping before any node) and
         the checkpoint that results is asked."""
-        snapshot = graph.get_state(config)
-        if snapshot.created_at is None or snapshot.next:
-            return False
-        if not snapshot.tasks:
-            return True
-        if not all(_ran(task) for task in snapshot.tasks):
-            return False
+        known = _finished_at(graph.get_state(config))
+        if known is not None:
+            return known
         graph.invoke(None, runner_config(config), durability="sync", interrupt_before="*")
         after = graph.get_state(config)
         return not after.next and not after.tasks
 
+    async def _afinished(self, graph: Graph, config: RunnableConfig) -> bool:
+        known = _finished_at(await graph.aget_state(config))
+        if known is not None:
+            return known
+        await graph.ainvoke(None, runner_config(config), durability="sync",
+                            interrupt_before="*")
+        after = await graph.aget_state(config)
+        return not after.next and not after.tasks
+
+
+def _finished_at(snapshot: Any) -> bool | None:
+    """Whether the graph of the last checkpoint (``snapshot``) has nothing left to run, or
+    None when that depends on the saved writes of tasks that ran (``_finished``)."""
+    if snapshot.created_at is None or snapshot.next:
+        return False
+    if not snapshot.tasks:
+        return True
+    if not all(_ran(task) for task in snapshot.tasks):
+        return False
+    return None
