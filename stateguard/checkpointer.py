@@ -133,6 +133,28 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
         self.saver.delete_thread(thread_id)
         self._forget(str(thread_id))
 
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """The saver's ``prune`` (``NotImplementedError`` from a saver without one).
+
+        ``"keep_latest"`` drops a thread's older checkpoints and keeps its saga records: they
+        are the audit of what its run did to the world, and what its compensations read (a
+        retry from an earlier step needs the history pruned away, and is refused without it).
+        ``"delete"`` deletes the threads, and forgets their runs as ``delete_thread`` does."""
+        self.saver.prune(thread_ids, strategy=strategy)
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                self._forget(str(thread_id))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """The saver's ``copy_thread``. The copy starts with no saga record: the effects of
+        the source's steps are the source run's to undo, never undone twice through a copy."""
+        self.saver.copy_thread(source_thread_id, target_thread_id)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """The saver's ``delete_for_runs``: the checkpoints LangGraph's runs (``run_id`` in a
+        checkpoint's metadata, not a saga's thread) wrote. Saga records are kept."""
+        self.saver.delete_for_runs(run_ids)
+
     def _forget(self, run_id: str) -> None:
         if isinstance(self.core.journal, PurgingJournal):
             self.core.journal.run_purge(run_id)
@@ -175,3 +197,16 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
     async def adelete_thread(self, thread_id: str) -> None:
         await self.saver.adelete_thread(thread_id)
         await asyncio.to_thread(self._forget, str(thread_id))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest"
+                     ) -> None:
+        await self.saver.aprune(thread_ids, strategy=strategy)
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                await asyncio.to_thread(self._forget, str(thread_id))
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self.saver.acopy_thread(source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self.saver.adelete_for_runs(run_ids)

@@ -125,3 +125,50 @@ async def test_it_resumes_and_decides_gates_on_an_async_only_saver(tmp_path: Pat
         assert effects == ["a", "b"]
         report = await guard.acompensate(graph, config("g"))
         assert report.compensated == ["a"] and effects == ["a", "b", "undo:a"]
+
+
+# -- the saver's other capabilities, forwarded -----------------------------------------------
+
+def test_it_forwards_prune_and_keeps_or_forgets_the_saga_record_by_strategy(pg_dsn: str) -> None:
+    effects: list[str] = []
+    with PostgresSaver.from_conn_string(pg_dsn) as saver:
+        saver.setup()
+        guard = StateGuardCheckpointer(saver, compensations={n: undo(effects, n) for n in NODES})
+        graph = guard.compile(line_builder(NODES, effects))
+        for thread in ("kept", "gone"):
+            guard.invoke(graph, {}, config(thread))
+        assert len(list(saver.list(config("kept")))) > 1
+
+        guard.prune(["kept"])  # older checkpoints go; the saga's record stays
+        assert len(list(saver.list(config("kept")))) == 1
+        assert [s.node for s in guard.status("kept").steps] == NODES
+        assert graph.get_state(config("kept")).values["log"] == NODES
+
+        guard.prune(["gone"], strategy="delete")  # the thread goes, and its run with it
+        assert list(saver.list(config("gone"))) == []
+        assert guard.journal.run_get("gone") is None
+        assert guard.journal.run_get("kept") is not None
+
+
+async def test_it_forwards_aprune_of_an_async_saver(pg_dsn: str) -> None:
+    effects: list[str] = []
+    async with AsyncPostgresSaver.from_conn_string(pg_dsn) as saver:
+        await saver.setup()
+        guard = StateGuardCheckpointer(saver, compensations={n: undo(effects, n) for n in NODES})
+        graph = line_builder(NODES, effects).compile(checkpointer=guard)
+        await graph.ainvoke({}, config("apruned"), durability="sync")
+
+        await guard.aprune(["apruned"])
+        assert len([c async for c in saver.alist(config("apruned"))]) == 1
+        assert guard.status("apruned").run.status == RunStatus.SUCCEEDED
+
+
+def test_it_says_what_its_saver_cannot_do_as_the_saver_says_it() -> None:
+    saver = SqliteSaver(sqlite3.connect(":memory:", check_same_thread=False))
+    guard = StateGuardCheckpointer(saver)
+    for call in (lambda s: s.copy_thread("a", "b"), lambda s: s.delete_for_runs(["r"]),
+                 lambda s: s.prune(["a"])):
+        with pytest.raises(NotImplementedError):
+            call(saver)
+        with pytest.raises(NotImplementedError):
+            call(guard)
