@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -69,7 +70,12 @@ class GuardCore:
                               step_retry=step_retry or CompensationRetry())
         self.journal: Journal = journal if journal is not None else InMemoryJournal(
             undoable=lambda step: self.spec.compensation_for(step.node, step.tags) is not None)
-        self.on_event = on_event
+        # What the guard's code calls: None when no one listens (the hot path then builds no
+        # event), else the user's callback, or ``_dispatch`` while a stream listens too.
+        self.on_event: EventCallback | None = on_event
+        self._user_on_event = on_event
+        self._listeners: dict[str, list[queue.SimpleQueue[Event]]] = {}
+        self._listening = threading.Lock()
         self.lease_ttl = float(lease_ttl)
         self.lease_heartbeat = float(lease_heartbeat)
         # run id -> (owner, last renewal on the monotonic clock, and on the wall clock)
@@ -81,6 +87,28 @@ class GuardCore:
         self._beat: threading.Thread | None = None
 
     # -- leases ------------------------------------------------------------------------------
+    @contextmanager
+    def listening(self, run_id: str) -> Iterator[queue.SimpleQueue[Event]]:
+        """The run's events, besides the ``on_event`` callback's, in a queue of their own while
+        the block runs (``guard.stream``): from any thread the run's steps run on."""
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        with self._listening:
+            self._listeners.setdefault(run_id, []).append(events)
+            self.on_event = self._dispatch
+        try:
+            yield events
+        finally:
+            with self._listening:
+                self._listeners[run_id].remove(events)
+                if not self._listeners[run_id]:
+                    del self._listeners[run_id]
+                self.on_event = self._dispatch if self._listeners else self._user_on_event
+
+    def _dispatch(self, event: Event) -> None:
+        emit(self._user_on_event, event)
+        for events in self._listeners.get(event.run_id, ()):
+            events.put(event)
+
     @contextmanager
     def lease(self, run_id: str) -> Iterator[str]:
         """Hold the run's lock while the body runs; ``RunLocked`` if another owner has it.

@@ -33,7 +33,6 @@ from stateguard.records import (
 )
 from stateguard.report import UnwindReport
 from stateguard.runner import (
-    GuardRunner,
     paused_tasks,
     run_id_of,
     runner_config,
@@ -41,6 +40,7 @@ from stateguard.runner import (
     values_of,
 )
 from stateguard.state import state_values
+from stateguard.streaming import GuardStreaming
 from stateguard.unwind import Cause
 
 Graph = Pregel[Any, Any, Any, Any]
@@ -52,7 +52,7 @@ def _ran(task: Any) -> bool:
     return task.result is not None and task.error is None and not task.interrupts
 
 
-class GuardOperations(GuardRunner):
+class GuardOperations(GuardStreaming):
     # -- approvals --------------------------------------------------------------------------
     def _approval(self, paused: set[str], run_id: str, node: str | None, step_id: str | None,
                   decision: ApprovalStatus, by: str | None, reason: str) -> ApprovalRecord:
