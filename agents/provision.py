@@ -49,7 +49,9 @@ each thing made and an ``undo:`` line for each thing removed, nothing for a hold
 let go.
 
 ``fail_at`` and ``sleep_at``/``sleep_seconds`` let the demo and the tests simulate a failing or
-slow step.
+slow step; with ``hold_failure`` the simulated failure holds the run ``failed`` for an operator
+(retry it, retry it from an earlier step with ``fail_at`` cleared, or compensate it) instead of
+unwinding it.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class ProvisionInput(AgentInput):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
     size: int = Field(default=1, ge=1, le=64)
     fail_at: Node | None = None
+    hold_failure: bool = False
     sleep_at: Node | None = None
     sleep_seconds: float = Field(default=0.0, ge=0, le=120)
 
@@ -88,6 +91,7 @@ class ProvisionState(TypedDict, total=False):
     name: str
     size: int
     fail_at: str | None
+    hold_failure: bool
     sleep_at: str | None
     sleep_seconds: float
     workspace: str
@@ -98,6 +102,19 @@ class ProvisionState(TypedDict, total=False):
 
 class ProvisioningFailed(Exception):
     pass
+
+
+class SimulatedFailure(ProvisioningFailed):
+    """``fail_at``'s failure; ``hold``: the run's input asked to hold it for an operator."""
+
+    def __init__(self, message: str, *, hold: bool) -> None:
+        super().__init__(message)
+        self.hold = hold
+
+
+def provision_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
+    """Unwind on any failure, but hold a simulated one the input asked to hold."""
+    return "hold" if isinstance(exc, SimulatedFailure) and exc.hold else "compensate"
 
 
 class NameTaken(ProvisioningFailed):
@@ -207,7 +224,8 @@ def _checkpoint(state: dict[str, Any], node: str) -> None:
     if state.get("sleep_at") == node:
         time.sleep(float(state.get("sleep_seconds") or 0))
     if state.get("fail_at") == node:
-        raise ProvisioningFailed(f"{node} failed for {state['name']!r}")
+        raise SimulatedFailure(f"{node} failed for {state['name']!r}",
+                               hold=bool(state.get("hold_failure")))
 
 
 class Provisioner:
@@ -422,7 +440,7 @@ def spec(settings: AgentSettings) -> AgentSpec:
     # for a step left in doubt by a dead worker.
     return AgentSpec(
         name="provision", build=agent.build, input_schema=ProvisionInput,
-        invariants=(port_in_range,),
+        invariants=(port_in_range,), on_error=provision_error_policy,
         compensations={
             "create_workspace": Compensation(agent.remove_workspace, in_doubt_safe=True),
             "write_config": Compensation(agent.remove_config, in_doubt_safe=True),

@@ -221,23 +221,30 @@ class GuardCore:
 
     def unwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
                triggered_by: str = "automatic", fallback_state: Any = None,
-               only: str | None = None) -> UnwindReport:
+               only: str | None = None, within: frozenset[str] | None = None
+               ) -> UnwindReport:
+        """Undo the run (see ``stateguard.unwind``). ``within``: a retry from an earlier step
+        undoes those steps only; it checked that no pivot lies among them, so a pivot passed
+        before them does not hold the run."""
         self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
-        held = self.held_past_pivot(run_id, cause)
+        held = self.held_past_pivot(run_id, cause) if within is None else None
         if held is not None:
             return held
         return unwind(self.journal, run_id, self.spec, cause, include_in_doubt=include_in_doubt,
                       triggered_by=triggered_by, fallback_state=fallback_state,
-                      on_event=self.on_event, check=lambda: self.check_lease(run_id), only=only)
+                      on_event=self.on_event, check=lambda: self.check_lease(run_id), only=only,
+                      within=within)
 
     async def aunwind(self, run_id: str, cause: Cause, *, include_in_doubt: bool = False,
                       triggered_by: str = "automatic", fallback_state: Any = None,
-                      only: str | None = None) -> UnwindReport:
+                      only: str | None = None, within: frozenset[str] | None = None
+                      ) -> UnwindReport:
         self.close_approvals(run_id, triggered_by, f"run unwound ({cause.reason})")
-        held = self.held_past_pivot(run_id, cause)
+        held = self.held_past_pivot(run_id, cause) if within is None else None
         if held is not None:
             return held
         return await aunwind(self.journal, run_id, self.spec, cause,
                              include_in_doubt=include_in_doubt, triggered_by=triggered_by,
                              fallback_state=fallback_state, on_event=self.on_event,
-                             check=lambda: self.check_lease(run_id), only=only)
+                             check=lambda: self.check_lease(run_id), only=only,
+                             within=within)

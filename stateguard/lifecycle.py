@@ -12,7 +12,12 @@ refusal is a 409's message) and its dashboard (a button it may show) all ask ``r
 ``pivot`` says where the run's turn stands to its pivot, the point of no return
 (``stateguard.kinds``; ``None``: it has none, or has not reached it): past it a run goes forward
 only. Compensate and reject are refused (they would undo half a saga), and a run held
-``needs_attention`` past its pivot, nothing of it unwound, may be retried forward.
+``needs_attention`` past its pivot, nothing of it unwound, may be retried forward. For a retry
+from an earlier step (``stateguard.rewind``), ``pivot`` is a pivot that lies in between (at or
+after that step): it is refused, since it would undo the steps before the pivot and not the
+pivot. ``undone`` says whether a step of the turn was compensated (a retry from a step's own
+compensations do not count): a half-undone run is not retried from a step (``None``: not
+known, so not from ``needs_attention``).
 
 The statuses::
 
@@ -23,6 +28,7 @@ The statuses::
                           │         └──compensate──> compensating <┘
                           ├─(worker died)─recover─> running | compensating
                           └─(failed past its pivot)─> needs_attention ──retry──> running
+    failed | needs_attention (nothing undone) ──retry_from──> compensating ──> running
     compensating ──> compensated | needs_attention ──resolve──> compensated
          │                               ├──compensate (retry the failed ones)
          │                               └──retry_compensation (one of them)
@@ -49,6 +55,9 @@ class Action(StrEnum):
     APPROVE = "approve"  # an operator lets the gated step run
     REJECT = "reject"  # an operator refuses it: the run unwinds
     RETRY = "retry"  # resume a failed run (or one held past its pivot) from its failure point
+    # Retry from an earlier step: undo it and the steps after it, newest first, then run again
+    # from the checkpoint before it (with the operator's update of the state).
+    RETRY_FROM = "retry_from"
     COMPENSATE = "compensate"  # an operator's "undo it now"; again, retries failed compensations
     RESOLVE = "resolve"  # an operator undid by hand what the compensations could not
     RETRY_COMPENSATION = "retry_compensation"  # run one failed compensation again
@@ -81,6 +90,13 @@ class Transition:
     forward: frozenset[RunStatus] = frozenset()
     # The action undoes the run: refused past its pivot (or inside it), half a saga.
     unwinds: bool = False
+    # More sources, for a run of which nothing was undone (``undone`` false).
+    intact: frozenset[RunStatus] = frozenset()
+
+    @property
+    def statuses(self) -> frozenset[RunStatus]:
+        """Every status the action may start from, given the right pivot and history."""
+        return self.sources | self.forward | self.intact
 
 
 TRANSITIONS: dict[Action, Transition] = {
@@ -92,6 +108,13 @@ TRANSITIONS: dict[Action, Transition] = {
     Action.RETRY: Transition(frozenset({S.FAILED}), S.RUNNING,
                              "a failed run, or one held past its pivot, is retried",
                              forward=frozenset({S.NEEDS_ATTENTION})),
+    # Not from succeeded: a finished turn is settled (journals let go of its states, the next
+    # invoke starts a new turn); compensate it instead. Not from compensated: nothing is left
+    # to run again from. Nor from paused: approve or reject its gate first.
+    Action.RETRY_FROM: Transition(
+        frozenset({S.FAILED}), S.COMPENSATING,
+        "a failed run, or one that needs attention with nothing of it undone, is retried from "
+        "an earlier step", unwinds=True, intact=frozenset({S.NEEDS_ATTENTION})),
     Action.COMPENSATE: Transition(
         frozenset({S.PAUSED, S.FAILED, S.SUCCEEDED, S.NEEDS_ATTENTION}), S.COMPENSATING,
         "a paused, failed, succeeded or needs-attention run can be compensated", unwinds=True),
@@ -133,7 +156,8 @@ CHANGES: dict[RunStatus, frozenset[RunStatus]] = {
     S.PAUSED: frozenset({S.RUNNING, S.COMPENSATING}),
     S.FAILED: frozenset({S.RUNNING, S.COMPENSATING}),
     S.SUCCEEDED: frozenset({S.COMPENSATING, S.RUNNING}),  # compensated, or its next turn
-    S.COMPENSATING: frozenset({S.COMPENSATED, S.NEEDS_ATTENTION}),
+    # ... or runs again, a retry from an earlier step having undone what came after it
+    S.COMPENSATING: frozenset({S.COMPENSATED, S.NEEDS_ATTENTION, S.RUNNING}),
     # compensated again, or by hand; retried past its pivot
     S.NEEDS_ATTENTION: frozenset({S.COMPENSATING, S.COMPENSATED, S.RUNNING}),
     S.COMPENSATED: frozenset({S.RUNNING}),  # its next turn
@@ -149,23 +173,30 @@ def check_change(old: RunStatus | str, new: RunStatus | str, *, run: str = "") -
 
 
 # What an operator asks of a worker; one such request at a time per run.
-REQUESTS = frozenset({Action.APPROVE, Action.REJECT, Action.RETRY, Action.COMPENSATE,
-                      Action.RESOLVE, Action.RETRY_COMPENSATION})
+REQUESTS = frozenset({Action.APPROVE, Action.REJECT, Action.RETRY, Action.RETRY_FROM,
+                      Action.COMPENSATE, Action.RESOLVE, Action.RETRY_COMPENSATION})
 
 
 def refusal(action: Action, status: RunStatus | str, *, run: str = "",
-            waiting: str | None = None, pivot: Pivot | None = None) -> str | None:
+            waiting: str | None = None, pivot: Pivot | None = None,
+            undone: bool | None = None) -> str | None:
     """``None`` if ``action`` may happen to a run in ``status``; else why not, in words for an
     operator (``run`` names the run in the message).
 
     ``waiting`` describes an operator's request on the run that a worker has yet to carry out
     ("compensate by carol"): until it is, no other request may overtake it. ``pivot``: where
-    the run's turn stands to its pivot (``Pivot``; ``None`` if it has not reached one)."""
+    the run's turn stands to its pivot (``Pivot``; ``None`` if it has not reached one).
+    ``undone``: whether a step of the run's turn was compensated (see the module's doc);
+    ``None``, not known: the actions that need to know are refused."""
     action, status = Action(action), RunStatus(status)
     transition = TRANSITIONS[action]
     name = f"run {run} " if run else "the run "
-    if status not in transition.sources and not (
-            status in transition.forward and pivot is not None and pivot.forward):
+    if status in transition.intact and undone:
+        return (f"{name}is {status} and was partly undone, so it is not retried from a step "
+                "(compensate it, or resolve it by hand)")
+    forward = status in transition.forward and pivot is not None and pivot.forward
+    intact = status in transition.intact and undone is False
+    if status not in transition.sources and not forward and not intact:
         if status in transition.forward and pivot is not None:
             why = (f"it stopped inside its pivot {pivot.node!r}: whether that happened is "
                    "unknown" if pivot.in_doubt else
@@ -181,6 +212,13 @@ def refusal(action: Action, status: RunStatus | str, *, run: str = "",
 
 
 def _past_pivot(name: str, action: Action, pivot: Pivot) -> str:
+    if action == Action.RETRY_FROM:
+        what, then = (("stopped inside", "check the pivot's effect and resolve the run by "
+                       "hand") if pivot.in_doubt else
+                      ("passed", "retry from a step after the pivot, or retry it forward"))
+        return (f"{name}{what} its pivot {pivot.node!r} (the point of no return) at or after "
+                "that step: retrying from there would undo the steps before the pivot and not "
+                f"the pivot, half a saga; {then}")
     if pivot.in_doubt:
         return (f"{name}stopped inside its pivot {pivot.node!r}: whether it happened is "
                 f"unknown, so {action} could undo half a saga; check the pivot's effect and "
@@ -196,20 +234,22 @@ def fits(action: Action | str, status: RunStatus | str) -> bool:
     its run's pivot too), still fits its run now in ``status``: whether a run in ``status`` may
     take it at all. A run's pivot does not change while it waits for an operator, so only its
     status is asked (a request whose worker died mid-way no longer fits: the run went on)."""
-    transition = TRANSITIONS[Action(action)]
-    return RunStatus(status) in transition.sources | transition.forward
+    return RunStatus(status) in TRANSITIONS[Action(action)].statuses
 
 
 def check(action: Action, status: RunStatus | str, *, run: str = "",
-          waiting: str | None = None, pivot: Pivot | None = None) -> None:
+          waiting: str | None = None, pivot: Pivot | None = None,
+          undone: bool | None = None) -> None:
     """Raise ``InvalidRunState`` with ``refusal()``'s reason if ``action`` may not happen."""
-    why = refusal(action, status, run=run, waiting=waiting, pivot=pivot)
+    why = refusal(action, status, run=run, waiting=waiting, pivot=pivot, undone=undone)
     if why is not None:
         raise InvalidRunState(why)
 
 
 def allowed(status: RunStatus | str, *, waiting: str | None = None,
-            pivot: Pivot | None = None) -> frozenset[Action]:
-    """The actions a run in ``status`` accepts now (the buttons a dashboard may show)."""
-    return frozenset(a for a in Action
-                     if refusal(a, status, waiting=waiting, pivot=pivot) is None)
+            pivot: Pivot | None = None, undone: bool | None = None) -> frozenset[Action]:
+    """The actions a run in ``status`` accepts now (the buttons a dashboard may show). (A
+    retry from a step is offered as the run's pivot allows it for the run as a whole: whether
+    a pivot lies after the step chosen is asked for that step.)"""
+    return frozenset(a for a in Action if refusal(a, status, waiting=waiting, pivot=pivot,
+                                                  undone=undone) is None)

@@ -10,6 +10,7 @@ an event loop, whose saver may be async only; ``recover`` is sync (recovery work
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -17,7 +18,12 @@ from langgraph.pregel import Pregel
 
 from stateguard.conversation import aanswer_tool_calls, answer_tool_calls
 from stateguard.events import Event, emit
-from stateguard.exceptions import ApprovalRejected, ConfigurationError, InvalidRunState
+from stateguard.exceptions import (
+    ApprovalRejected,
+    ConfigurationError,
+    InvalidRunState,
+    SagaAborted,
+)
 from stateguard.instrument import node_tags
 from stateguard.journal import turn_steps
 from stateguard.kinds import StepKind, pivot_of, pivot_state
@@ -32,6 +38,15 @@ from stateguard.records import (
     StepStatus,
 )
 from stateguard.report import UnwindReport
+from stateguard.rewind import (
+    Rewind,
+    find_step,
+    fork_node,
+    live_steps,
+    plan_rewind,
+    undone,
+    validate_update,
+)
 from stateguard.runner import (
     paused_tasks,
     run_id_of,
@@ -44,6 +59,17 @@ from stateguard.streaming import GuardStreaming
 from stateguard.unwind import Cause
 
 Graph = Pregel[Any, Any, Any, Any]
+
+
+def _target(from_node: str | None, from_tool_call: str | None, from_step: str | None,
+            update: Mapping[str, Any] | None) -> dict[str, str] | None:
+    """A retry's earlier step, as ``rewind.find_step`` takes it; ``None``: from its failure."""
+    target = {k: v for k, v in (("from_node", from_node), ("from_tool_call", from_tool_call),
+                                ("from_step", from_step)) if v is not None}
+    if not target and update is not None:
+        raise ConfigurationError("update is applied by a retry from an earlier step: give "
+                                 "from_node, from_tool_call or from_step with it")
+    return target or None
 
 
 def _ran(task: Any) -> bool:
@@ -155,9 +181,18 @@ class GuardOperations(GuardStreaming):
                                                    reason=approval.reason or reason))
 
     # -- retry --------------------------------------------------------------------------------
-    def retry(self, graph: Graph, config: RunnableConfig, *, force: bool = False) -> Any:
+    def retry(self, graph: Graph, config: RunnableConfig, *, force: bool = False,
+              from_node: str | None = None, from_tool_call: str | None = None,
+              from_step: str | None = None, update: Mapping[str, Any] | None = None,
+              by: str = "operator") -> Any:
         """Resume a failed run from where it stopped: ``invoke(None)`` semantics, so succeeded
         steps never run again; only the failed or unfinished task does.
+
+        With ``from_node`` (its last run), ``from_tool_call`` (a call's id) or ``from_step`` (a
+        step id), retry from that earlier step instead (``stateguard.rewind``): undo it and the
+        steps after it, newest first (an unwind with reason ``operator``, by ``by``), then run
+        again from the checkpoint before it, with ``update`` applied to the state. Refused
+        across a pivot, and for a run partly undone (``lifecycle.Action.RETRY_FROM``).
 
         A run held ``needs_attention`` past its pivot (``stateguard.kinds``: a step after it
         failed past its retries, say), nothing of it undone, is resumed the same way: past the
@@ -167,6 +202,9 @@ class GuardOperations(GuardStreaming):
         A step left in doubt by a dead process would run again, possibly repeating its effect:
         that needs ``force=True`` (for nodes known to be idempotent). A run whose process died
         is taken over with ``recover``."""
+        target = _target(from_node, from_tool_call, from_step, update)
+        if target is not None:
+            return self._retry_from(graph, config, target, update, by, force)
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             check(Action.RETRY, self._run_record(run_id).status, run=run_id,
@@ -176,7 +214,13 @@ class GuardOperations(GuardStreaming):
             self.core.set_status(run_id, RunStatus.RUNNING)
             return self._run(graph, None, config, {})
 
-    async def aretry(self, graph: Graph, config: RunnableConfig, *, force: bool = False) -> Any:
+    async def aretry(self, graph: Graph, config: RunnableConfig, *, force: bool = False,
+                     from_node: str | None = None, from_tool_call: str | None = None,
+                     from_step: str | None = None, update: Mapping[str, Any] | None = None,
+                     by: str = "operator") -> Any:
+        target = _target(from_node, from_tool_call, from_step, update)
+        if target is not None:
+            return await self._aretry_from(graph, config, target, update, by, force)
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
             check(Action.RETRY, self._run_record(run_id).status, run=run_id,
@@ -184,6 +228,81 @@ class GuardOperations(GuardStreaming):
             self._refuse_doubt(self._reconcile(graph, await graph.aget_state(config), run_id),
                                run_id, force)
             self.core.set_status(run_id, RunStatus.RUNNING)
+            return await self._arun(graph, None, config, {})
+
+    def _rewind(self, graph: Graph, config: RunnableConfig, run_id: str, snapshot: Any,
+                history: list[Any], target: dict[str, str], update: Mapping[str, Any] | None,
+                force: bool) -> Rewind:
+        """Check a retry from an earlier step, under the run's lease, before anything is
+        written: the step, the rule (``lifecycle``), the update; the plan (``rewind``)."""
+        run = self._run_record(run_id)
+        steps = live_steps(self._reconcile(graph, snapshot, run_id), run.turn)
+        step = find_step(steps, run=run_id, **target)
+        plan = plan_rewind(history, steps, step, run=run_id)
+        check(Action.RETRY_FROM, run.status, run=run_id, pivot=plan.pivot,
+              undone=undone(steps, self.core.journal.compensations(run_id)))
+        self._refuse_doubt([s for s in steps if s.step_id not in plan.rerun], run_id, force)
+        keys = getattr(graph, "stream_channels_list", None)
+        validate_update(update, keys if isinstance(keys, list) else None)
+        if update is not None:
+            fork_node(plan)
+        return plan
+
+    def _rewound(self, run_id: str, plan: Rewind, report: UnwindReport) -> None:
+        """The steps undone: rewound (no longer part of the saga), or, when a compensation
+        failed or waits, the run stopped as the unwind left it (``SagaAborted``)."""
+        if report.needs_attention or report.waiting:
+            raise SagaAborted(None, report, reason=f"a retry from {plan.step.node!r} (its "
+                                                   "compensations did not all succeed)")
+        journal = self.core.journal
+        for step in journal.steps(run_id):
+            if step.step_id in plan.rerun and step.status != StepStatus.REWOUND:
+                journal.step_finish(run_id, step.step_id, StepStatus.REWOUND,
+                                    update=step.update, state_after=step.state_after,
+                                    error=step.error)
+        self.core.set_status(run_id, RunStatus.RUNNING)
+
+    def _retry_from(self, graph: Graph, config: RunnableConfig, target: dict[str, str],
+                    update: Mapping[str, Any] | None, by: str, force: bool) -> Any:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            snapshot = graph.get_state(config)
+            plan = self._rewind(graph, config, run_id, snapshot,
+                                list(graph.get_state_history(config)), target, update, force)
+            # Compensating from here: a crash before the run goes on leaves it to recovery,
+            # which unwinds it (never a retry that would run the step again un-undone).
+            self.core.set_status(run_id, RunStatus.COMPENSATING)
+            if update is None:
+                graph.update_state(plan.checkpoint, None, as_node="__copy__")
+            else:
+                graph.update_state(plan.checkpoint, dict(update), as_node=fork_node(plan))
+            before = snapshot.config
+            report = self.core.unwind(run_id, Cause("operator", plan.step.node),
+                                      triggered_by=by, include_in_doubt=True,
+                                      fallback_state=lambda: values_of(graph, before),
+                                      within=plan.rerun)
+            self._rewound(run_id, plan, report)
+            return self._run(graph, None, config, {})
+
+    async def _aretry_from(self, graph: Graph, config: RunnableConfig, target: dict[str, str],
+                           update: Mapping[str, Any] | None, by: str, force: bool) -> Any:
+        run_id = self._known_run(graph, config)
+        with self.core.lease(run_id):
+            snapshot = await graph.aget_state(config)
+            history = [s async for s in graph.aget_state_history(config)]
+            plan = self._rewind(graph, config, run_id, snapshot, history, target, update,
+                                force)
+            self.core.set_status(run_id, RunStatus.COMPENSATING)
+            if update is None:
+                await graph.aupdate_state(plan.checkpoint, None, as_node="__copy__")
+            else:
+                await graph.aupdate_state(plan.checkpoint, dict(update),
+                                          as_node=fork_node(plan))
+            report = await self.core.aunwind(run_id, Cause("operator", plan.step.node),
+                                             triggered_by=by, include_in_doubt=True,
+                                             fallback_state=state_values(snapshot.values),
+                                             within=plan.rerun)
+            self._rewound(run_id, plan, report)
             return await self._arun(graph, None, config, {})
 
     @staticmethod
@@ -228,9 +347,7 @@ class GuardOperations(GuardStreaming):
         steps = turn_steps(journal, run_id)
         if not any(s.kind == StepKind.PIVOT for s in steps):
             return None
-        ids = {s.step_id for s in steps}
-        return pivot_state(steps, unwound=any(c.step_id in ids
-                                              for c in journal.compensations(run_id)))
+        return pivot_state(steps, unwound=undone(steps, journal.compensations(run_id)))
 
     def _compensate(self, graph: Graph, config: RunnableConfig, run_id: str, by: str,
                     reason: str | Cause, *, reconcile: bool = True) -> UnwindReport:

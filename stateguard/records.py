@@ -46,6 +46,10 @@ class StepStatus(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # the body raised: no effect, unless an in_doubt_safe compensation finds one
     VIOLATED = "violated"  # the body ran (its effect happened) but an invariant failed after it
+    # Undone by an operator's retry from an earlier step (``stateguard.rewind``): its effect
+    # was compensated and the run went on from the checkpoint before that step, so the step
+    # ran again under another id. No longer part of the run's saga: never undone again.
+    REWOUND = "rewound"
 
 
 # Steps whose external effect happened and must be undone on unwind.

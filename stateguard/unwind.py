@@ -118,9 +118,9 @@ class _Unwinder:
     def __init__(self, journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
                  include_in_doubt: bool, triggered_by: str, fallback_state: Any,
                  on_event: EventCallback | None, check: Callable[[], None],
-                 only: str | None = None) -> None:
+                 only: str | None = None, within: frozenset[str] | None = None) -> None:
         self.journal, self.run_id, self.spec, self.cause = journal, run_id, spec, cause
-        self.only = only
+        self.only, self.within = only, within
         self.include_in_doubt, self.triggered_by = include_in_doubt, triggered_by
         self.fallback_state, self.on_event, self.check = fallback_state, on_event, check
         self.outcomes: list[CompensationOutcome] = []
@@ -133,6 +133,8 @@ class _Unwinder:
         kept = {c.step_id: c for c in self.journal.compensations(self.run_id)} if self.only else {}
         for item in plan(self.journal, self.run_id, self.spec,
                          include_in_doubt=self.include_in_doubt):
+            if self.within is not None and item.step.step_id not in self.within:
+                continue  # a retry from a step undoes that step and those after it only
             if self.only is not None and item.step.step_id != self.only:
                 self._keep(item, kept.get(item.step.step_id))
                 continue
@@ -258,6 +260,8 @@ class _Unwinder:
         result = UnwindReport(self.run_id, self.cause.reason, tuple(self.outcomes))
         status = (RunStatus.NEEDS_ATTENTION if result.needs_attention
                   else RunStatus.COMPENSATING if result.waiting else RunStatus.COMPENSATED)
+        if self.within is not None and status == RunStatus.COMPENSATED:
+            return result  # part of a run undone: it runs again (``stateguard.rewind``)
         self.journal.run_set_status(self.run_id, status, self.cause.error)
         emit(self.on_event, Event("run.status", self.run_id, data={"status": str(status)}))
         return result
@@ -267,7 +271,8 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
            include_in_doubt: bool = False, triggered_by: str = "automatic",
            fallback_state: Any = None, on_event: EventCallback | None = None,
            sleep: Callable[[float], None] = time.sleep,
-           check: Callable[[], None] = lambda: None, only: str | None = None) -> UnwindReport:
+           check: Callable[[], None] = lambda: None, only: str | None = None,
+           within: frozenset[str] | None = None) -> UnwindReport:
     """Compensate every step of ``run_id`` that had its effect, newest first (see module doc).
 
     Each compensation gets the state journaled right after its step; ``fallback_state`` (a
@@ -275,10 +280,12 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
     none, such as a step left in doubt by a dead process. ``check`` runs before every attempt
     and raises to stop (the lease was lost: another process owns the unwind now). ``only``
     (a step id) runs that step's compensation alone, even for a step in doubt (an operator
-    retrying it has decided); the others keep their outcomes."""
+    retrying it has decided); the others keep their outcomes. ``within`` (step ids) undoes
+    those steps only, and leaves the run ``compensating`` once they are undone, for the retry
+    from an earlier step that asked (``stateguard.rewind``) to run it again."""
     u = _Unwinder(journal, run_id, spec, cause, include_in_doubt=include_in_doubt,
                   triggered_by=triggered_by, fallback_state=fallback_state, on_event=on_event,
-                  check=check, only=only)
+                  check=check, only=only, within=within)
     for attempt, ctx, state in u.attempts():
         started = time.time()
         try:
@@ -298,12 +305,12 @@ def unwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
 async def aunwind(journal: Journal, run_id: str, spec: GuardSpec, cause: Cause, *,
                   include_in_doubt: bool = False, triggered_by: str = "automatic",
                   fallback_state: Any = None, on_event: EventCallback | None = None,
-                  check: Callable[[], None] = lambda: None, only: str | None = None
-                  ) -> UnwindReport:
+                  check: Callable[[], None] = lambda: None, only: str | None = None,
+                  within: frozenset[str] | None = None) -> UnwindReport:
     """``unwind`` for asyncio: awaits async compensations, runs sync ones in a thread."""
     u = _Unwinder(journal, run_id, spec, cause, include_in_doubt=include_in_doubt,
                   triggered_by=triggered_by, fallback_state=fallback_state, on_event=on_event,
-                  check=check, only=only)
+                  check=check, only=only, within=within)
     for attempt, ctx, state in u.attempts():
         started = time.time()
         try:

@@ -13,16 +13,19 @@ from typing import Annotated
 from django.http import HttpRequest
 from ninja import Header, Query, Router, Status
 from ninja.errors import ValidationError
+from pydantic import ValidationError as PydanticError
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.api.auth import principal
 from stateguard_web.api.common import errors, run_for
+from stateguard_web.api.errors import JsonParser
 from stateguard_web.api.schemas import (
     CompensateIn,
     DecisionIn,
     IdempotencyKey,
     ResolveIn,
+    RetryIn,
     RunDetailOut,
     RunFilter,
     RunIn,
@@ -103,11 +106,33 @@ def reject_run(request: HttpRequest, code: uuid.UUID, data: DecisionIn) -> Respo
     return _decide(request, code, data, services.run_reject)
 
 
-@router.post("/{code}/retry", response=ACTION, summary="Retry a failed run")
+def _retry_body(request: HttpRequest) -> RetryIn | None:
+    """The retry's optional JSON body. A POST with none, or with a form's (an empty one, as
+    ``curl -X POST`` or a form sends it), is a plain retry: the body is read only when it is
+    JSON (CSRF's check of a session reads a form's body first: it cannot be read again)."""
+    if request.content_type != "application/json" or not request.body:
+        return None
+    data = JsonParser().parse_body(request)
+    try:
+        return RetryIn.model_validate(data)
+    except PydanticError as exc:
+        raise ValidationError([{**e, "loc": ("body", "data", *e["loc"])}
+                               for e in exc.errors(include_url=False)]) from None
+
+
+@router.post("/{code}/retry", response=ACTION, summary="Retry a failed run",
+             openapi_extra={"requestBody": {"required": False, "content": {
+                 "application/json": {"schema": RetryIn.model_json_schema()}}}})
 def retry_run(request: HttpRequest, code: uuid.UUID) -> Response:
-    """Resume a failed run from where it failed (never from the start)."""
+    """Resume a failed run from where it failed (never from the start). With ``from_step``,
+    retry from that earlier step: it and the steps after it are undone first (newest first),
+    then the run goes on from before it, with ``update`` applied to its state; 422 for a step
+    the run does not have, 409 when the run's state (or a pivot in between) refuses it."""
     who, run = run_for(request, code, Ability.OPERATE)
-    return Status(202, selectors.run_summary(run=services.run_retry(run=run, by=who.actor)))
+    data = _retry_body(request)
+    run = services.run_retry(run=run, by=who.actor, from_step=data.from_step if data else None,
+                             update=data.update if data else None)
+    return Status(202, selectors.run_summary(run=run))
 
 
 @router.post("/{code}/compensate", response=ACTION, summary="Compensate a run")

@@ -65,6 +65,7 @@ AgentName = _text(100, 1)
 Reason = _text(MAX_TEXT)
 Note = _text(MAX_TEXT, 1)
 Search = _text(200, 1)
+StepName = _text(300, 1)  # a step's id, or a node's name
 # What services.run_submit accepts as a key: 1 to 200 printable characters.
 IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200),
                            AfterValidator(_printable)]
@@ -108,6 +109,21 @@ class DecisionIn(In):
 
 class CompensateIn(In):
     reason: Reason = ""
+
+
+class RetryIn(In):
+    from_step: StepName | None = Field(
+        None, description="retry from this earlier step (a step id, or a node's name: its "
+                          "last run): it and the steps after it are undone first, newest "
+                          "first; without it, the run resumes from where it failed")
+    update: dict[str, Any] | None = Field(
+        None, description="with from_step: values of the agent's state to set before the "
+                          "step runs again (its state's keys only)")
+
+    @field_validator("update")
+    @classmethod
+    def _update_nul_free(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if value is None else _nul_free(value)  # type: ignore[no-any-return]
 
 
 class ResolveIn(In):
@@ -181,6 +197,10 @@ class RequestOut(Out):
     action: str | None
     by: str | None
     requested_at: datetime | None
+    # A retry from an earlier step ("retry_from"): the step (its id and node) and the update.
+    from_step: str | None = None
+    node: str | None = None
+    update: dict[str, Any] | None = None
 
 
 class RunOut(Out):

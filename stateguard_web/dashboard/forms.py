@@ -79,6 +79,25 @@ class CompensateForm(_Reason):
     pass
 
 
+class RetryFromForm(forms.Form):
+    """Retry from an earlier step: the step the operator was shown, and an optional update of
+    the agent's state (a JSON object), set before the step runs again."""
+
+    step = forms.CharField(max_length=300, widget=forms.HiddenInput)
+    update = forms.JSONField(
+        required=False, label="Update of the state (JSON, optional)",
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": '{"key": "value"}'}),
+        help_text="Values set in the agent's state before the step runs again.")
+
+    def clean_update(self) -> dict[str, object] | None:
+        update = self.cleaned_data.get("update")
+        if update in (None, ""):
+            return None
+        if not isinstance(update, dict):
+            raise forms.ValidationError("Give a JSON object of the state's keys.")
+        return update
+
+
 class ResolveForm(forms.Form):
     note = forms.CharField(max_length=2000, strip=True, label="What was done by hand",
                            widget=forms.Textarea(attrs={"rows": 3}))

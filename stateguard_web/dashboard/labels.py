@@ -46,6 +46,8 @@ LABELS: dict[str, dict[str, Label]] = {
         "succeeded": Label("ok", "✓", "succeeded"),
         "failed": Label("bad", "✕", "failed"),
         "violated": Label("bad", "⚠", "invariant violated"),
+        "rewound": Label("idle", "↶", "rewound",
+                         "Undone by a retry from an earlier step; it ran again after it."),
         IN_DOUBT: Label("warn", "?", "in doubt", IN_DOUBT_MEANING),
     },
     "compensation": {

@@ -217,6 +217,9 @@ class RunPage:
     past_pivot: str | None = None
     # Where the run stands to its pivot: past it, a retry goes forward (stateguard.lifecycle).
     pivot: Pivot | None = None
+    # Whether its steps offer "Retry from here…" (the confirmation asks the rule for the step
+    # chosen: a pivot at or after it refuses it).
+    retry_from: bool = False
 
     @property
     def run_actions(self) -> set[str]:
@@ -256,7 +259,10 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         violation_state=violated[-1].state_after if violated else None,
         graph_svg=_graph(run, views, compensations, pending), actions=actions,
         failed_step=failed_step, request=waiting, can_operate=can_operate,
-        next_attempt=next_attempt(run, compensations), past_pivot=past_pivot, pivot=pivot)
+        next_attempt=next_attempt(run, compensations), past_pivot=past_pivot, pivot=pivot,
+        retry_from=can_operate and lifecycle.refusal(
+            Action.RETRY_FROM, run.status, waiting=waiting,
+            undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None)
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):

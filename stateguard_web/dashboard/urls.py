@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from stateguard_web.dashboard import batches, refunds, views
+from stateguard_web.dashboard import batches, refunds, rewinds, views
 
 app_name = "dashboard"
 
@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<uuid:code>/reject", views.run_reject, name="reject"),
     path("runs/<uuid:code>/retry", views.run_retry, name="retry"),
     path("runs/<uuid:code>/compensate", views.run_compensate, name="compensate"),
+    path("runs/<uuid:code>/retry-from", rewinds.run_retry_from, name="retry_from"),
     path("runs/<uuid:code>/resolve", views.run_resolve, name="resolve"),
     path("runs/<uuid:code>/compensations/<int:pk>/retry", views.compensation_retry,
          name="retry_compensation"),

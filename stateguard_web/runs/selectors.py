@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -15,7 +15,8 @@ from django.db import connection
 from django.db.models import Q, QuerySet, TextField
 from django.db.models.functions import Cast
 
-from stateguard import kinds
+from stateguard import kinds, rewind
+from stateguard.exceptions import InvalidRunState
 from stateguard.instrument import node_tags
 from stateguard.lifecycle import Pivot
 from stateguard.records import StepRecord, StepStatus
@@ -64,6 +65,49 @@ def run_pivot(*, run: Run, steps: Iterable[Step] | None = None,
     unwound = (run.compensations.exists() if compensations is None
                else any(True for _ in compensations))
     return replace(pivot, unwound=unwound)
+
+
+class StepNotFound(LookupError):
+    """A retry from a step the run has not (or no longer) in its saga; the message says which
+    steps it has."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRewind:
+    """What a retry of a run from one of its steps would do (``stateguard.rewind``), with what
+    the rule needs to judge it (``lifecycle.Action.RETRY_FROM``)."""
+
+    plan: rewind.Rewind
+    undone: bool  # a step of the run was compensated already: it is partly undone
+    state_keys: list[str] | None  # the keys an operator's update may name
+    compensated: frozenset[str]  # of the steps to undo, the node names with a compensation
+
+
+def run_rewind(*, run: Run, from_step: str) -> RunRewind:
+    """What a retry of ``run`` from ``from_step`` (a step id, or a node's, tool's or task's
+    name: its last run) would undo, newest first, and run again, read from the journal and the
+    thread's checkpoints as the worker will read them. ``StepNotFound`` when the run has no
+    such step; ``KeyError`` when its agent is not offered here."""
+    guard, graph, _ = runtime.guard_for(run.agent)
+    view = guard.status(run.thread_id)
+    steps = rewind.live_steps(view.steps)
+    named = sorted((s for s in steps if from_step in (s.step_id, s.node)),
+                   key=lambda s: (s.step_id == from_step, s.started_at))
+    if not named:
+        nodes = sorted({s.node for s in steps})
+        raise StepNotFound(f"run {run.code} has no step {from_step!r} to retry from; its "
+                           f"steps are {nodes} (or a step id)")
+    try:
+        plan = rewind.plan_rewind(graph.get_state_history(runtime.config_for(run.thread_id)),
+                                  steps, named[-1], run=str(run.code))
+    except InvalidRunState as exc:
+        raise StepNotFound(str(exc)) from None
+    keys = getattr(graph, "stream_channels_list", None)
+    spec = guard.core.spec
+    return RunRewind(plan, rewind.undone(steps, view.compensations),
+                     keys if isinstance(keys, list) else None,
+                     frozenset(s.node for s in plan.undo
+                               if spec.compensation_for(s.node, s.tags) is not None))
 
 
 def run_get(*, code: str | uuid.UUID, detail: bool = False) -> Run:
@@ -269,7 +313,8 @@ def _request(run: Run) -> dict[str, Any] | None:
     if run.waiting_request is None or not run.request:
         return None
     return {"id": run.request.get("id"), "action": run.request.get("action"),
-            "by": run.request.get("by"), "requested_at": _iso(run.requested_at)}
+            "by": run.request.get("by"), "requested_at": _iso(run.requested_at),
+            **{k: run.request[k] for k in ("from_step", "node", "update") if k in run.request}}
 
 
 def run_summary(*, run: Run) -> dict[str, Any]:

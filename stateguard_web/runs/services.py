@@ -17,7 +17,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from pydantic import ValidationError
 
-from stateguard import lifecycle
+from stateguard import lifecycle, rewind
+from stateguard.exceptions import ConfigurationError, InvalidRunState
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
 from stateguard_web.runs import runtime, selectors, tasks
@@ -171,7 +172,7 @@ def _allowed(action: Action, run: Run, *, pivot: bool = False) -> None:
         raise ActionNotAllowed(why)
 
 
-def _request(run: Run, by: By, action: Action, **details: str) -> None:
+def _request(run: Run, by: By, action: Action, **details: Any) -> None:
     """Leave ``action`` on the run for a worker, and queue it once this transaction commits.
 
     Until the worker has carried it out (or refused it, under the run's lease), every other
@@ -241,13 +242,50 @@ def run_reject(*, run: Run, by: By, node: str | None = None,
 
 
 @transaction.atomic
-def run_retry(*, run: Run, by: By) -> Run:
+def run_retry(*, run: Run, by: By, from_step: str | None = None,
+              update: dict[str, Any] | None = None) -> Run:
     """Resume a failed run from its failure point, or a run held past its pivot (it goes
-    forward only: the step that failed runs again)."""
+    forward only: the step that failed runs again).
+
+    With ``from_step`` (a step id, or a node's name: its last run), retry from that earlier
+    step instead (``stateguard.rewind``): a worker undoes it and the steps after it, newest
+    first, then runs the graph again from the checkpoint before it with ``update`` applied to
+    its state. Refused across a pivot, and for a run partly undone (``lifecycle``)."""
     run = _locked(run)
-    _allowed(Action.RETRY, run, pivot=True)
-    _request(run, by, Action.RETRY)
-    _audit(run, by, "run.retry_requested")
+    if from_step is None:
+        if update is not None:
+            raise SubmissionError("an update is applied by a retry from a step: name the step",
+                                  [{"loc": ["body", "from_step"], "msg": "needed with update"}])
+        _allowed(Action.RETRY, run, pivot=True)
+        _request(run, by, Action.RETRY)
+        _audit(run, by, "run.retry_requested")
+        return run
+    step = _text(from_step, "from_step", 300)
+    try:
+        seen = selectors.run_rewind(run=run, from_step=step)
+    except selectors.StepNotFound as exc:
+        raise SubmissionError(str(exc), [{"loc": ["body", "from_step"], "msg": str(exc)}]
+                              ) from None
+    except KeyError:
+        raise ActionNotAllowed(f"agent {run.agent!r} is not offered by this deployment"
+                               ) from None
+    plan = seen.plan
+    why = lifecycle.refusal(Action.RETRY_FROM, run.status, run=str(run.code),
+                            waiting=run.waiting_request, pivot=plan.pivot, undone=seen.undone)
+    if why is not None:
+        raise ActionNotAllowed(why)
+    try:
+        update = rewind.validate_update(update, seen.state_keys)
+        if update is not None:
+            rewind.fork_node(plan)
+    except (ConfigurationError, InvalidRunState) as exc:
+        raise SubmissionError(str(exc), [{"loc": ["body", "update"], "msg": str(exc)}]
+                              ) from None
+    _request(run, by, Action.RETRY_FROM, from_step=plan.step.step_id, node=plan.step.node,
+             **({"update": update} if update is not None else {}))
+    _audit(run, by, "run.retry_from_requested", node=plan.step.node,
+           step_id=plan.step.step_id, undo=[s.node for s in plan.undo],
+           **({"update": update} if update is not None else {}))
     return run
 
 

@@ -126,7 +126,8 @@ def run_execute(run_pk: int) -> None:
 @shared_task(acks_late=True, bind=True, name=f"{NAMES}.run_request")
 def run_request(self: Task, run_pk: int, request_id: str) -> None:
     """Carry out the operator's request left on the run (``services._request``): approve or
-    reject (the service decided the approval), retry, compensate. The guard checks, under the
+    reject (the service decided the approval), retry (from an earlier step too), compensate.
+    The guard checks, under the
     run's lease, that it still fits the run. Once carried out or refused, the request is
     cleared, and a duplicate delivery finds nothing to do."""
     run = Run.objects.get(pk=run_pk)
@@ -144,6 +145,9 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
                          reason=request.get("reason", ""))
         elif action == Action.RETRY:
             guard.retry(graph, config)
+        elif action == Action.RETRY_FROM:
+            guard.retry(graph, config, from_step=request["from_step"],
+                        update=request.get("update"), by=by)
         elif action == Action.COMPENSATE:
             guard.compensate(graph, config, by=by)
         elif action == Action.RETRY_COMPENSATION:

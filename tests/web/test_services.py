@@ -34,8 +34,8 @@ class SubmitTests(TestCase):
             run = services.run_submit(agent="provision", input='{"name": "web-1"}',
                                       by=self.alice)
         assert run.status == Run.Status.PENDING and run.submitted_by == self.alice
-        assert run.input == {"name": "web-1", "size": 1, "fail_at": None, "sleep_at": None,
-                             "sleep_seconds": 0.0}
+        assert run.input == {"name": "web-1", "size": 1, "fail_at": None, "hold_failure": False,
+                             "sleep_at": None, "sleep_seconds": 0.0}
         # run_execute, and the run for the live pages, sent only once the run is committed
         assert after_commit(callbacks) == ["run_execute", "live update"]
         assert AuditEvent.objects.get(run=run).action == "run.submitted"

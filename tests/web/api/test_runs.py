@@ -250,7 +250,7 @@ class AgentsAndSchemaTests(World):
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]
         assert schema["components"]["schemas"]["StepStatus"]["enum"] == [
-            "started", "paused", "succeeded", "failed", "violated"]
+            "started", "paused", "succeeded", "failed", "violated", "rewound"]
         for path, operations in schema["paths"].items():
             for method, operation in operations.items():
                 with self.subTest(path=path, method=method):
