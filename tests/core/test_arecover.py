@@ -49,7 +49,7 @@ def test_it_recovers_a_left_run_on_an_async_saver(form: str, resume: bool,
             graph = world.compile(form, line(world, world.node("charge"), slow))
             await _leave_behind(world, form, graph, config, started)
             assert world.status("t") == RunStatus.RUNNING
-            with pytest.raises(Exception, match="[Ss]ynchronous"):
+            with pytest.raises(Exception, match=r"[Ss]ynchronous"):
                 world.guard.recover(graph, config)  # the sync twin cannot, on this saver
             hang[0] = False
             return await world.guard.arecover(graph, config, resume=resume)
