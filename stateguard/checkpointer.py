@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Self, cast
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -26,6 +26,18 @@ from stateguard.plain_runs import PlainRuns
 from stateguard.retry import CompensationRetry
 from stateguard.runner import OnError
 from stateguard.tool_policy import OnToolError
+
+# What the guard forwards to its saver. Each is a capability LangGraph reads off the class (its
+# conformance suite, for one: a method overridden from BaseCheckpointSaver is one the saver
+# has), so a guard's class has exactly the ones its saver's class has (``__new__``, below).
+FORWARDED = tuple(name for method in ("get_tuple", "list", "put", "put_writes", "delete_thread",
+                                      "delete_for_runs", "copy_thread", "prune")
+                  for name in (method, "a" + method))
+
+
+def has_capability(saver_type: type, name: str) -> bool:
+    """Whether ``saver_type`` overrides ``BaseCheckpointSaver.<name>`` (has that capability)."""
+    return getattr(saver_type, name, None) is not getattr(BaseCheckpointSaver, name)
 
 
 class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
@@ -61,7 +73,26 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
     "send_receipt": "retriable"}``, keyed like compensations. Once a pivot had its effect the
     run only goes forward: a retriable step is retried (``step_retry``, or ``Retriable(retry)``
     per key), and a failure past that holds the run ``needs_attention``, nothing undone.
+
+    The guard has the capabilities of its saver, no more and no fewer: around a saver without
+    ``prune`` (``aprune``, ``copy_thread``, an async API...) the guard's class has the base
+    class's method too (``NotImplementedError``), so whoever asks the class what it can do (as
+    LangGraph's conformance suite does) gets the saver's answer. Such a guard is an instance of a
+    subclass that differs in that alone.
     """
+
+    def __new__(cls, saver: BaseCheckpointSaver[Any] | None = None, *args: Any,
+                **kwargs: Any) -> Self:
+        if cls.__dict__.get("_narrowed"):  # made by _without: a copy of a guard, say
+            return object.__new__(cls)
+        saver_type = InMemorySaver if saver is None else type(saver)
+        missing = frozenset(
+            name for name in FORWARDED
+            if issubclass(saver_type, BaseCheckpointSaver)
+            and not has_capability(saver_type, name)
+            and getattr(cls, name) is getattr(StateGuardCheckpointer, name))  # a subclass's own
+        narrowed = _without(cast(type[StateGuardCheckpointer], cls), missing) if missing else cls
+        return cast(Self, object.__new__(narrowed))
 
     def __init__(self, saver: BaseCheckpointSaver[Any] | None = None, *,
                  invariants: Iterable[Any] = (),
@@ -210,3 +241,20 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
         await self.saver.adelete_for_runs(run_ids)
+
+
+_NARROWED: dict[tuple[type[StateGuardCheckpointer], frozenset[str]],
+                type[StateGuardCheckpointer]] = {}
+
+
+def _without(cls: type[StateGuardCheckpointer], missing: frozenset[str]
+             ) -> type[StateGuardCheckpointer]:
+    """``cls`` with BaseCheckpointSaver's own ``missing`` methods: what its saver lacks (one
+    class per saver's set of capabilities)."""
+    if (narrowed := _NARROWED.get((cls, missing))) is None:
+        namespace: dict[str, Any] = {name: getattr(BaseCheckpointSaver, name)
+                                     for name in missing}
+        namespace.update(__module__=cls.__module__, __qualname__=cls.__qualname__,
+                         __doc__=cls.__doc__, _narrowed=True)
+        narrowed = _NARROWED.setdefault((cls, missing), type(cls.__name__, (cls,), namespace))
+    return narrowed

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -21,22 +17,6 @@ from stateguard import InvalidRunState, RunStatus, SagaAborted, StateGuardCheckp
 from tests.core.support import config, line_builder, undo
 
 NODES = ["a", "b", "c"]
-PG_ADMIN = os.environ.get("STATEGUARD_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-
-
-@pytest.fixture(scope="module")
-def pg_dsn() -> Iterator[str]:
-    """A throwaway database on the local PostgreSQL server."""
-    name = f"stateguard_test_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-
-
 def check_unwinds(guard: StateGuardCheckpointer, effects: list[str], thread: str) -> None:
     graph = guard.compile(line_builder(NODES, effects))
     with pytest.raises(SagaAborted):

@@ -27,7 +27,6 @@ from stateguard.tool_calls import TOOL_TAG
 from stateguard.unwind import plan
 from tests.core.agent_support import SHAPES, BookingFailed, Shape, Travel, agent, ask, go, say
 from tests.core.support import FAST_RETRY, config
-from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
 from tests.core.tool_forms import FORMS, Form, make_guard, run_agent, saver_for
 
 SAVERS = ("memory", "sqlite")
@@ -195,7 +194,7 @@ def test_it_leaves_a_tool_node_alone_in_a_graph_without_a_guard() -> None:
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_it_refunds_once_on_a_postgres_saver(shape: Shape, form: Form,
-                                             pg_dsn: str) -> None:  # noqa: F811
+                                             pg_dsn: str) -> None:
     world = Travel()
     with PostgresSaver.from_conn_string(pg_dsn) as saver:
         saver.setup()

@@ -32,7 +32,6 @@ from stateguard import (
     StateGuardCheckpointer,
 )
 from tests.core.support import FAST_RETRY, LineState, config
-from tests.core.test_savers import pg_dsn  # noqa: F401  (the fixture: a throwaway database)
 
 RUNS_UNDER_LOAD = 200
 THREADS, ROUNDS = 20, 10  # PostgreSQL; SQLite serialises its writers, so fewer rounds there
@@ -167,7 +166,7 @@ def test_it_keeps_the_order_for_20_threads_through_one_guard_on_sqlite(tmp_path:
 
 @pytest.mark.slow  # 20 threads x 10 rounds
 def test_it_keeps_the_order_for_20_threads_through_one_guard_on_postgres(
-        pg_dsn: str) -> None:  # noqa: F811
+        pg_dsn: str) -> None:
     with ConnectionPool(pg_dsn, min_size=4, max_size=THREADS,
                         kwargs={"autocommit": True, "prepare_threshold": 0}) as pool:
         saver = JitteryPostgresSaver(pool)  # type: ignore[arg-type]
