@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = ["langgraph.graph", "langgraph.prebuilt", "langgraph.func", "langchain_core.messages",
            "langchain_core.tools", "langsmith", "pydantic", "stripe", "psycopg", "redis",
            "celery", "kombu", "billiard", "django.db.models",
-           "tests.core.procs", "tests.core.tool_procs", "tests.core.func_procs"]
+           "tests.core.procs", "tests.core.tool_procs", "tests.core.func_procs",
+           "tests.web.func_procs", "tests.web.tool_procs"]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(PRELOAD)

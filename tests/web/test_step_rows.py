@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib
 import time
+import warnings
 from typing import Any
 
 import psycopg
@@ -12,13 +13,17 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 from django.db.models import F
+from langchain_core.tools import tool
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.func import entrypoint, task
 from langgraph.graph import START, StateGraph
+from langgraph.prebuilt import create_react_agent
 from langgraph.types import RetryPolicy
+from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from stateguard import (
     ConfigurationError,
+    Event,
     GuardedState,
     InvalidRunState,
     RunStatus,
@@ -31,6 +36,7 @@ from stateguard_web.runs import runtime
 from stateguard_web.sagas.journal import DjangoJournal, LeaseLost
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.models import Run, Step
+from tests.core.agent_support import ScriptedModel, Shape, ask, go, say
 from tests.core.support import FAST_RETRY, LineState, config, line_builder, undo
 from tests.web.conftest import new_run
 
@@ -420,3 +426,59 @@ def test_it_never_runs_a_task_body_for_a_worker_whose_lease_was_taken_over() -> 
     # The body and the task ran on LangGraph's threads, whose Django connections the error's
     # frames keep open: let them go, or the test database cannot be dropped.
     gc.collect()
+
+
+@pytest.mark.parametrize("shape", ["v1", "v2"])
+def test_it_writes_a_tool_calls_start_before_the_tool_runs(shape: Shape) -> None:
+    # A tool call runs inside its tools task: no checkpoint write comes between its start and
+    # its effect, and the checkpoint lists the tools task (no compensation), not the call.
+    journal, saver = deferring()
+    code = new_run()
+    seen: list[tuple[str, str]] = []
+
+    @tool
+    def charge_card(amount: int) -> dict[str, Any]:
+        """Charge the card."""
+        seen.extend(Step.objects.filter(run__code=code).order_by("started_at")
+                    .values_list("node", "status"))
+        return {"id": f"ch_{amount}"}
+
+    model = ScriptedModel(responses=[ask(("charge_card", {"amount": 5})), say("paid")])
+    guard = StateGuardCheckpointer(saver, journal=journal)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
+        agent = guard.compile(create_react_agent(model, [charge_card], version=shape))
+    guard.invoke(agent, go(), config(code))
+
+    # The tools task's start went with the call's start.
+    assert seen == [("agent", "succeeded"), ("tools", "started"), ("charge_card", "started")]
+    run = Run.objects.get(code=code)
+    assert run.status == Run.Status.SUCCEEDED
+    charge = Step.objects.get(run=run, node="charge_card")
+    assert (charge.status, charge.update["content"]) == ("succeeded", '{"id": "ch_5"}')
+
+
+def test_it_never_runs_a_tool_for_a_worker_whose_lease_was_taken_over() -> None:
+    code = new_run()
+    ran: list[int] = []
+
+    def take_over(event: Event) -> None:
+        if (event.type, event.node) == ("step.started", "tools"):  # the call's start is next
+            Run.objects.filter(code=code).update(fencing_token=F("fencing_token") + 1)
+
+    @tool
+    def charge_card(amount: int) -> int:
+        """Charge the card."""
+        ran.append(amount)
+        return amount
+
+    journal, saver = deferring()
+    model = ScriptedModel(responses=[ask(("charge_card", {"amount": 5})), say("paid")])
+    guard = StateGuardCheckpointer(saver, journal=journal, on_event=take_over)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LangGraphDeprecatedSinceV10)
+        agent = guard.compile(create_react_agent(model, [charge_card]))
+    with pytest.raises(LeaseLost):
+        guard.invoke(agent, go(), config(code))
+    assert ran == []
+    gc.collect()  # LangGraph's threads' Django connections, kept open by the error's frames

@@ -10,19 +10,22 @@ first run (leased while pending) are written with LangGraph's checkpoint writes 
 their own (see ``step_rows``); any other use of the run writes them first, so that readers in
 this process never see the journal behind.
 
-Except the start of a ``@task`` call (tagged ``stateguard:task``, ``stateguard.functional``).
-A node's row may wait because LangGraph's last checkpoint lists the node as a pending task
-until its writes commit: a crash inside it is found again (the runner journals it in doubt).
-A task call is no task of the checkpoint (an ``@entrypoint`` is one node, and its tasks run
-inside it): LangGraph writes nothing between a task's start and its effect, and after a crash
-nothing would say it ran. So its start is written at once, in the one statement that also
-carries every row and status waiting before it (one round trip per task call, fenced: a worker
-that lost its lease never runs the body). Its outcome still waits: it travels with LangGraph's
-write of the task's result (the same transaction, so the journal says "succeeded" no later
-than LangGraph has the result to replay), or with the next task's start, whichever comes
-first. A process that dies between the two leaves the task "started": in doubt, compensated
-only by an ``in_doubt_safe`` compensation (else the run needs attention) and run again on
-resume, as LangGraph, which has no saved result either, would run it.
+Except the start of a step nested inside a node's task: a ``@task`` call (tagged
+``stateguard:task``, ``stateguard.functional``) or a tool call (tagged ``stateguard:tool_call``,
+``stateguard.tools``). A node's row may wait because LangGraph's last checkpoint lists the node
+as a pending task until its writes commit: a crash inside it is found again (the runner
+journals it in doubt). A nested call is no task of the checkpoint (an ``@entrypoint`` is one
+node, and its tasks run inside it; a ``ToolNode``'s calls run inside its ``tools`` task, whose
+in-doubt row names the node, which has no compensation, not the tool that charged): LangGraph
+writes nothing between the call's start and its effect, and after a crash nothing would say it
+ran. So its start is written at once, in the one statement that also carries every row and
+status waiting before it (one round trip per call, fenced: a worker that lost its lease never
+runs the body). Its outcome still waits: it travels with LangGraph's write of the task's result
+(the same transaction, so the journal says "succeeded" no later than LangGraph has the result
+to replay), or with the next call's start, whichever comes first. A process that dies between
+the two leaves the call "started": in doubt, compensated only by an ``in_doubt_safe``
+compensation (else the run needs attention) and run again on resume, as LangGraph, which has
+no saved result either, would run it.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from stateguard.records import (
     StepStatus,
     json_default,
 )
+from stateguard.tool_calls import TOOL_TAG
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 from stateguard_web.sagas.models import (
@@ -68,6 +72,9 @@ from stateguard_web.sagas.models import (
 )
 
 _RUN, _STEP = Run._meta.db_table, Step._meta.db_table
+# Steps that run inside a node's task, not as tasks of the checkpoint (a ``@task`` call, a tool
+# call): their start is written at once, never deferred (see the module's docstring).
+_NESTED = frozenset({TASK_TAG, TOOL_TAG})
 # ``fence``: the run row, if its fencing token is still ours (or we hold no lease). On
 # PostgreSQL the row is locked FOR SHARE, so a takeover committing meanwhile makes the check
 # wait and fail instead of passing on a stale snapshot; SQLite runs one writer at a time.
@@ -379,9 +386,9 @@ class DjangoJournal:
         now = timezone.now()
         if token is not None and run_id in self._fresh:
             self._buffer.start(run_id, step_id, node, tuple(tags), now, kind=str(kind))
-            if TASK_TAG in tags:
-                # A task call: no checkpoint write comes between its start and its effect
-                # (see the module's docstring), so its start goes now, with what waits.
+            if not _NESTED.isdisjoint(tags):
+                # A task or tool call: no checkpoint write comes between its start and its
+                # effect (see the module's docstring), so its start goes now, with what waits.
                 self._flush(run_id)
             return (StepRecord(run_id, step_id, node, tuple(tags), StepStatus.STARTED, 1,
                                now.timestamp(), kind=str(kind)), None)  # a first run

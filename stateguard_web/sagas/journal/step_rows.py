@@ -12,7 +12,8 @@ checkpoint. Only a run's first run defers (``DjangoJournal``): a resumed run wri
 What a crash loses is the row of a step whose body was running. LangGraph's last checkpoint still
 lists that step as a pending task with no writes, and the runner journals such tasks as in doubt
 before anyone resumes or unwinds the run (``GuardRunner`` with a ``defers_steps`` journal).
-A ``@task`` call is no task of the checkpoint, so its start is not deferred (``DjangoJournal``).
+A ``@task`` call or a tool call is no task of the checkpoint (it runs inside one), so its start
+is not deferred (``DjangoJournal``).
 """
 
 from __future__ import annotations
