@@ -125,10 +125,12 @@ def forget_all() -> None:
 def _replace() -> None:
     try:
         shared.client().set(REVISION_KEY, secrets.token_hex(8))
-    except redis.RedisError:
+    except redis.RedisError as error:
         _owed.set()
-        logger.warning("key cache: Redis is unreachable; cached API keys are replaced when "
-                       "it is back", exc_info=True)
+        # The error's words, not its traceback: `make run` migrates before its Redis is up,
+        # and each permission migrate saves would print one.
+        logger.warning("key cache: Redis is unreachable (%s); cached API keys are replaced "
+                       "when it is back", error)
     else:
         _owed.clear()
 
@@ -138,8 +140,8 @@ def _start() -> None:
     one's: a change may have committed between this request's read and now)."""
     try:
         shared.client().set(REVISION_KEY, secrets.token_hex(8), nx=True)
-    except redis.RedisError:
-        logger.warning("key cache: Redis is unreachable", exc_info=True)
+    except redis.RedisError as error:
+        logger.warning("key cache: Redis is unreachable (%s)", error)
 
 
 def _copy(key: ApiKey) -> ApiKey:
