@@ -11,7 +11,7 @@ with ``time.process_time()`` around ``delay()`` only (the main thread waits in `
 Redis transport starts no thread of its own), so thread start-up is not counted. Modes
 alternate within each round; the output is the median and mean per publish over all rounds, in
 µs of CPU. The broker is a Redis database of the bench's own
-(default ``redis://127.0.0.1:6379/11``): it is emptied before and after, and each round checks
+(default ``redis://127.0.0.1:6379/1``): it is emptied before and after, and each round checks
 that every message arrived. No database is touched. Results: docs/benchmarks.md ("Small
 benchmarks").
 """
@@ -33,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=2000, help="publishes per mode and round")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--broker", default="redis://127.0.0.1:6379/11")
+    parser.add_argument("--broker", default="redis://127.0.0.1:6379/1")
     args = parser.parse_args()
 
     os.environ.update(

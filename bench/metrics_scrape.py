@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DB = "stateguard_metrics_bench"
 os.environ.update(DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB}",
-                  REDIS_URL="redis://127.0.0.1:6379/13", DJANGO_SETTINGS_MODULE=
+                  REDIS_URL="redis://127.0.0.1:6379/3", DJANGO_SETTINGS_MODULE=
                   "stateguard_web.settings", DEBUG="false", SECRET_KEY="bench-" + "x" * 50)
 sys.path.insert(0, str(ROOT))
 

@@ -7,7 +7,7 @@ The throughput benchmark (``p2_throughput.py``) swings by +-8 % per round on thi
 here each round runs both sides back to back, so the ratio of a round compares like with like;
 the median over many short rounds still moves by ~5 % between runs of the script. Without
 Celery's own cost per task on both sides, the ratio reads higher than P2's CPU ratio.
-Uses the database ``stateguard_bench`` (see ``p2_throughput.py``) and Redis database 13.
+Uses the database ``stateguard_bench`` (see ``p2_throughput.py``) and Redis database 3.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ bare Celery task (no guard, journal or lease). Rounds alternate so noise hits bo
 
     .venv/bin/python bench/p2_throughput.py [--runs 1000] [--rounds 2]
 
-Uses the database ``stateguard_bench`` (created, migrated and emptied) and Redis database 13.
+Uses the database ``stateguard_bench`` (created, migrated and emptied) and Redis database 3.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Production settings: DEBUG off (Django would keep and format every query).
 os.environ.update(DATABASE_URL="postgres://postgres@127.0.0.1:5432/stateguard_bench",
-                  REDIS_URL="redis://127.0.0.1:6379/13", DJANGO_SETTINGS_MODULE=
+                  REDIS_URL="redis://127.0.0.1:6379/3", DJANGO_SETTINGS_MODULE=
                   "stateguard_web.settings", DEBUG="false", SECRET_KEY="bench-" + "x" * 50,
                   STATEGUARD_BENCH_AGENTS="true")  # the noop5 agent; the worker inherits it
 sys.path.insert(0, str(ROOT))

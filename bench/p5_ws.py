@@ -27,7 +27,7 @@ Clients close their sockets after a quiet second (a backlog shows as latency); e
 reports Daphne's and the worker's CPU and the frames delivered. ``--layer pubsub`` runs it all on
 channels_redis's ``RedisPubSubChannelLayer`` (``bench/p5_settings.py``, an experiment).
 
-Uses its own database ``stateguard_p5`` (dropped and created) and Redis database 13 (emptied).
+Uses its own database ``stateguard_p5`` (dropped and created) and Redis database 3 (emptied).
 Results: docs/benchmarks.md (P5).
 """
 
@@ -53,7 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "stateguard_p5"
 ENV = {
     "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    "REDIS_URL": "redis://127.0.0.1:6379/13",
+    "REDIS_URL": "redis://127.0.0.1:6379/3",
     "DJANGO_SETTINGS_MODULE": "bench.p5_settings",  # the site's, unless --layer pubsub
     "DEBUG": "false",  # production's settings: Django keeps no query log
     "SECRET_KEY": "p5-bench-" + "k" * 50,

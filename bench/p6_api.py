@@ -21,7 +21,7 @@ below the server's most, instead of back to back at saturation. Results: docs/be
 
 Servers run as in production (docs/deploy.md): DEBUG off, a SECRET_KEY, HTTPS-only behind a
 proxy (``SECURE_PROXY_SSL_HEADER=X-Forwarded-Proto``, which wrk sends), PostgreSQL
-``stateguard_bench6`` (created, migrated and emptied here) and Redis database 12 (emptied).
+``stateguard_bench6`` (created, migrated and emptied here) and Redis database 2 (emptied).
 The settings module is ``bench.p6_settings``: the site's settings with a URLconf that adds the
 floor views (``bench/p6_urls.py``); no deployment serves them. Keys come from
 ``create_api_key``: a submitter submits, a viewer reads. The runs read are noop5 runs (five
@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "stateguard_bench6"
 SERVER_ENV = {
     "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
-    "REDIS_URL": "redis://127.0.0.1:6379/12",
+    "REDIS_URL": "redis://127.0.0.1:6379/2",
     "DJANGO_SETTINGS_MODULE": "bench.p6_settings",
     "DEBUG": "false",
     "SECRET_KEY": "p6-bench-" + "k" * 50,

@@ -7,7 +7,7 @@ noise of a shared machine's scheduler; each load's requests interleave in blocks
 
 ``--tree DIR`` imports the web project from another checkout (e.g. ``git archive`` of an earlier
 commit unpacked), to compare code before and after a change: run it once per tree, the same
-database, keys and runs (P6's: ``stateguard_bench6``, Redis database 12). Prints the median
+database, keys and runs (P6's: ``stateguard_bench6``, Redis database 2). Prints the median
 over rounds of the CPU per request (``time.process_time``), the wall time, and the SQL
 statements per request (``connection.execute_wrapper``). Results: docs/benchmarks.md (P6).
 """

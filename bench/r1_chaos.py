@@ -5,7 +5,7 @@
 
 Everything it uses is its own, started here and stopped at the end: localstripe (in memory,
 ``tools/localstripe_server.py``) behind a relay, the PostgreSQL database ``stateguard_chaos``
-(dropped, created and migrated), Redis database 14 (flushed), one beat (the lease sweeper, as in
+(dropped, created and migrated), Redis database 4 (flushed), one beat (the lease sweeper, as in
 production: a process of its own, never killed) and ``--workers`` Celery workers of
 ``--concurrency`` processes each, with the deployment's lease settings (the defaults, 10 s lease
 renewed every 3 s, a sweep every 2 s, unless ``--lease``) and the agent's own crash policy
@@ -58,7 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DB_NAME = "stateguard_chaos"
 DB_URL = f"postgres://postgres@127.0.0.1:5432/{DB_NAME}"
-REDIS_URL = "redis://127.0.0.1:6379/14"
+REDIS_URL = "redis://127.0.0.1:6379/4"
 STRIPE_KEY = "sk_test_chaos"
 # Production settings: DEBUG off; no .env file (make run's points at another localstripe).
 os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DEBUG="false",

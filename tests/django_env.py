@@ -23,7 +23,8 @@ os.environ["DATABASE_URL"] = (
 # Celery's broker and the channel layer: the local Redis server (a database of its own), never
 # the embedded one `make run` starts. Under pytest-xdist each worker (gw0, gw1...) has its own
 # database, counted down from 15, as pytest-django gives each its own test database: a test that
-# empties its queue (FLUSHDB) never empties another worker's.
+# empties its queue (FLUSHDB) never empties another worker's. (The benches use 1-4, so that a
+# bench and the suite can run on one machine at once.)
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 os.environ["REDIS_URL"] = (os.environ.get("STATEGUARD_TEST_REDIS_URL")
                            or f"redis://127.0.0.1:6379/{15 - _WORKER}")
