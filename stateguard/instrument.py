@@ -41,7 +41,7 @@ from stateguard.kinds import (
 from stateguard.records import ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
 from stateguard.subgraphs import mark_subgraphs
-from stateguard.tools import install, tool_nodes, tools_of
+from stateguard.tools import install, subgraph_tool_nodes, tool_nodes, tools_of
 
 if TYPE_CHECKING:
     from stateguard.core import GuardCore
@@ -79,10 +79,14 @@ def instrument_graph(graph: Pregel[Any, Any, Any, Any], core: GuardCore) -> None
         tags = mark_subgraphs(core.spec, {name: node_tags(node.metadata)
                                           for name, node in nodes.items()}, runnables)
         with_tools = tool_nodes(runnables)
-        core.spec.validate_names(tags, tools_of(with_tools), tasks_of(runnables))
+        nested = subgraph_tool_nodes(runnables)  # a subgraph's tool calls are steps too
+        all_tools = {**with_tools, **{path: node for path, (node, _) in nested.items()}}
+        core.spec.validate_names(tags, tools_of(all_tools), tasks_of(runnables))
         check_order(core.spec, graph, tags, with_tools)
         for tool_node in with_tools.values():
             install(tool_node, graph.channels)  # tool calls are steps (stateguard.tools)
+        for tool_node, channels in nested.values():
+            install(tool_node, channels)
         for name, node in nodes.items():
             wrapper = _NodeWrapper(name, tags[name], node.bound, core, graph.channels)
             runnable = RunnableCallable(wrapper.run, wrapper.arun, name=name, trace=False,

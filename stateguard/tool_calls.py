@@ -46,7 +46,9 @@ class ToolCall:
     ``content`` is the ``ToolMessage``'s content (a tool returning a dict has it serialised as
     JSON text), ``artifact`` what a ``response_format="content_and_artifact"`` tool returned
     beside it. ``result`` is the artifact when there is one, else the content parsed as JSON
-    when it parses, else the content."""
+    when it parses, else the content. ``command`` is set when the tool answered with a
+    LangGraph ``Command``: its update, goto and graph in plain form (``stateguard.tools``), so
+    that the call is replayed as that ``Command``."""
 
     id: str
     name: str
@@ -54,6 +56,7 @@ class ToolCall:
     status: ToolCallStatus = "requested"
     content: Any = None
     artifact: Any = None
+    command: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -72,8 +75,11 @@ class ToolCall:
 
     def as_update(self) -> dict[str, Any]:
         """How a journal stores the call (the step's ``update``): plain, JSON-friendly keys."""
-        return {"tool_call_id": self.id, "tool": self.name, "args": self.args,
-                "status": self.status, "content": self.content, "artifact": self.artifact}
+        update = {"tool_call_id": self.id, "tool": self.name, "args": self.args,
+                  "status": self.status, "content": self.content, "artifact": self.artifact}
+        if self.command is not None:
+            update["command"] = self.command
+        return update
 
     @classmethod
     def from_update(cls, update: Any) -> ToolCall | None:
@@ -81,10 +87,12 @@ class ToolCall:
         if not isinstance(update, Mapping) or "tool_call_id" not in update:
             return None
         status = update.get("status")
+        command = update.get("command")
         return cls(str(update["tool_call_id"]), str(update.get("tool", "")),
                    dict(update.get("args") or {}),
                    status if status in ("requested", "success", "error") else "success",
-                   update.get("content"), update.get("artifact"))
+                   update.get("content"), update.get("artifact"),
+                   dict(command) if isinstance(command, Mapping) else None)
 
 
 def _get(message: Any, key: str, default: Any = None) -> Any:

@@ -5,7 +5,8 @@ An agent's effects happen in its tool calls, which LangGraph runs inside one nod
 all the calls of one model message in one task (``ToolNode``, ``create_react_agent(version=
 "v1")``), or each call as a ``Send`` task of its own (v2, the default). So every ``ToolNode`` of
 a guarded graph gets a tool-call wrapper (its public ``wrap_tool_call`` / ``awrap_tool_call``
-hook, composed around any the user gave) that, around each call:
+hook, composed around any the user gave; a ``ToolNode`` inside a subgraph too) that, around
+each call:
 
 1. gates the call on an approval keyed by the tool's name (guarded form), its arguments as the
    payload, *before* it runs;
@@ -17,7 +18,9 @@ hook, composed around any the user gave) that, around each call:
    (a tool that pauses itself with ``interrupt()`` is journaled paused, and runs again on resume);
 4. replays a call that already succeeded instead of running it again: LangGraph re-runs a whole
    task when it resumes it (after an approval, or a retry), and in v1 that task holds every
-   call of the message.
+   call of the message. A tool that answered with a ``Command`` is replayed as that
+   ``Command`` (its update, ``goto`` and ``graph``, journaled in plain form), so the state gets
+   its update again.
 
 A tool that raises fails its node as before (its siblings that succeeded are journaled, so they
 are compensated). A tool error that ``ToolNode`` turned into a message (``handle_tool_errors``)
@@ -47,9 +50,10 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import BaseMessage, ToolMessage, messages_from_dict, messages_to_dict
 from langgraph.prebuilt import ToolNode
-from langgraph.types import Command
+from langgraph.pregel import Pregel
+from langgraph.types import Command, Send
 
 from stateguard.approvals import approval_gate
 from stateguard.blame import NODE_ATTR, bubbled_up
@@ -84,6 +88,22 @@ def tool_step_id(task_id: str, call_id: str) -> str:
 def tool_nodes(runnables: Mapping[str, Any]) -> dict[str, ToolNode]:
     """The ``ToolNode``s among a graph's nodes (node name -> runnable)."""
     return {name: r for name, r in runnables.items() if isinstance(r, ToolNode)}
+
+
+def subgraph_tool_nodes(runnables: Mapping[str, Any]
+                        ) -> dict[str, tuple[ToolNode, Mapping[str, Any]]]:
+    """The ``ToolNode``s inside the compiled subgraphs among a graph's nodes, at any depth:
+    ``"<subgraph>/<node>"`` -> the node and its subgraph's channels (its calls see, and their
+    compensations are given, the subgraph's state)."""
+    found: dict[str, tuple[ToolNode, Mapping[str, Any]]] = {}
+    for name, runnable in runnables.items():
+        if not isinstance(runnable, Pregel):
+            continue
+        inner = {n: node.bound for n, node in runnable.nodes.items()}
+        for inner_name, node in tool_nodes(inner).items():
+            found[f"{name}/{inner_name}"] = (node, runnable.channels)
+        found.update({f"{name}/{path}": v for path, v in subgraph_tool_nodes(inner).items()})
+    return found
 
 
 def tools_of(nodes: Mapping[str, ToolNode]) -> dict[str, tuple[str, ...]]:
@@ -229,16 +249,15 @@ class _ToolCallGuard:
     # -- the steps --------------------------------------------------------------------------
     @staticmethod
     def _begin(request: ToolCallRequest) -> _Call | None:
-        """The call, if it runs in a guarded run (at the top level: a subgraph's state is not
-        the run's), after its approval gate; ``None`` to stand aside."""
+        """The call, if it runs in a guarded run (at the top level or in a subgraph), after its
+        approval gate; ``None`` to stand aside."""
         runtime = getattr(request, "runtime", None)
         config = getattr(runtime, "config", None) or {}
         conf = config.get("configurable", {})
         core = getattr(conf.get("__pregel_checkpointer"), "core", None)
         task_id = conf.get("__pregel_task_id")
-        # A task's namespace is "<node>:<task id>"; a subgraph's task adds "|<node>:<id>".
-        if not isinstance(core, GuardCore) or not task_id or "|" in str(
-                conf.get("checkpoint_ns", "")):
+        # In a subgraph, the task id is the inner task's, as unique and as stable on a re-run.
+        if not isinstance(core, GuardCore) or not task_id:
             return None
         call = _Call(core, request, tool_step_id(str(task_id), str(
             request.tool_call.get("id") or "")), str(conf["thread_id"]))
@@ -252,13 +271,16 @@ class _ToolCallGuard:
                                "args": call.args})
         return call
 
-    def _replay(self, call: _Call) -> ToolMessage | None:
-        """The answer of a call this task already made, when LangGraph runs the task again."""
+    def _replay(self, call: _Call) -> ToolMessage | Command[Any] | None:
+        """The answer of a call this task already made, when LangGraph runs the task again:
+        the ``Command`` it returned, or its ``ToolMessage``."""
         done = find_step(call.core.journal, call.run_id, call.step_id)
         journaled = (ToolCall.from_update(done.update)
                      if done is not None and done.status == StepStatus.SUCCEEDED else None)
         if journaled is None:
             return None
+        if journaled.command is not None:
+            return _command_from(journaled.command)
         return ToolMessage(content=journaled.content, artifact=journaled.artifact,
                            tool_call_id=call.call_id, name=call.name, status="success")
 
@@ -321,6 +343,9 @@ class _ToolCallGuard:
         content = message.content if message is not None else None
         artifact = message.artifact if message is not None else None
         record = self._record(call, status, content, artifact)
+        if isinstance(out, Command):
+            record = ToolCall(record.id, record.name, record.args, record.status,
+                              record.content, record.artifact, _command_record(out))
         core = call.core
         if status == "error":
             error = ErrorInfo("ToolError", str(content))
@@ -400,3 +425,35 @@ def _tool_message(out: Any, call_id: str) -> ToolMessage | None:
                 if isinstance(message, ToolMessage) and message.tool_call_id == call_id:
                     return message
     return None
+
+
+# -- a Command in plain form, for the journal (which may store JSON) --------------------------
+def _command_record(command: Command[Any]) -> dict[str, Any]:
+    """``command``'s update (messages as LangChain's message dicts), goto and graph."""
+    update = {key: _plain_messages(value) for key, value in update_of(command).items()}
+    gotos = command.goto if isinstance(command.goto, (list, tuple)) else [command.goto]
+    goto = [{"send": g.node, "arg": g.arg} if isinstance(g, Send) else g for g in gotos]
+    return {"update": update, "goto": goto, "graph": command.graph}
+
+
+def _command_from(record: Mapping[str, Any]) -> Command[Any]:
+    update = {key: _messages_again(value) for key, value in (record.get("update") or {}).items()}
+    goto = [Send(g["send"], g.get("arg")) if isinstance(g, Mapping) and "send" in g else g
+            for g in record.get("goto") or ()]
+    return Command(graph=record.get("graph"), update=update,
+                   goto=goto[0] if len(goto) == 1 else goto)
+
+
+def _plain_messages(value: Any) -> Any:
+    if isinstance(value, BaseMessage):
+        return {"stateguard:messages": messages_to_dict([value])}
+    if isinstance(value, list) and value and all(isinstance(v, BaseMessage) for v in value):
+        return {"stateguard:messages": messages_to_dict(value), "list": True}
+    return value
+
+
+def _messages_again(value: Any) -> Any:
+    if isinstance(value, Mapping) and "stateguard:messages" in value:
+        messages = messages_from_dict(value["stateguard:messages"])
+        return messages if value.get("list") else messages[0]
+    return value
