@@ -48,14 +48,27 @@ def test_an_operator_retries_a_run_from_an_earlier_step_on_its_page(
         "#retry-from-rerun").inner_text()
     page.fill("#id_update", '{"fail_at": null}')
     shot(page, "40-retry-from-confirm")
+    on_a_phone(page, "40-phone-retry-from-confirm")
     page.locator("#retry-from-form button[type=submit]").click()
     page.wait_for_url(f"{url}/runs/{run.code}/")
     live(page)
     run_status(page, "succeeded", logs, timeout=60)
     assert page.locator('[data-step][data-status="rewound"]').count() == 3
     shot(page, "41-retry-from-done")
+    on_a_phone(page, "41-phone-retry-from-done")
     assert Counter(effects(sandbox)) == {
         "do:create_workspace:web-rf": 1, "do:write_config:web-rf": 2,
         "do:allocate_port:web-rf": 2, "undo:allocate_port:web-rf": 1,
         "undo:write_config:web-rf": 1, "do:announce:web-rf": 1}
     context.close()
+
+
+def on_a_phone(page: Any, name: str) -> None:
+    """The page at 390 px, as an operator on call sees it: nothing wider than the screen."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        assert page.evaluate("document.documentElement.scrollWidth") <= 390
+        shot(page, name)
+    finally:
+        page.set_viewport_size(size)
