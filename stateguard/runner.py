@@ -34,6 +34,7 @@ from stateguard.exceptions import (
 from stateguard.instrument import RUNNER_KEY, instrument_graph
 from stateguard.journal import TurnJournal, turn_steps
 from stateguard.lifecycle import NEXT_TURN
+from stateguard.malformed_calls import malformed_call_violation
 from stateguard.records import ApprovalStatus, RunStatus, RunView
 from stateguard.report import UnwindReport
 from stateguard.state import state_values
@@ -383,6 +384,9 @@ class GuardRunner:
         found = self.core.spec.first_violation(state_values(values))
         if found is not None:
             return InvariantViolation(found[0].name, found[1], node=None, phase="at the end")
+        malformed = malformed_call_violation(self.core, run_id, state_values(values))
+        if malformed is not None:
+            return malformed
         self.core.set_status(run_id, RunStatus.SUCCEEDED)
         return None
 

@@ -58,12 +58,13 @@ from langgraph.types import Command, Send
 from stateguard.approvals import approval_gate
 from stateguard.blame import NODE_ATTR, bubbled_up
 from stateguard.core import GuardCore
-from stateguard.effects import EffectLedger, recording
+from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
-from stateguard.journal import find_step, turn_steps
+from stateguard.journal import find_step
 from stateguard.kinds import kind_keywords, refusal_after_pivot, retry_delay
-from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
+from stateguard.malformed_calls import tool_error_unwinds
+from stateguard.records import ErrorInfo, StepStatus
 from stateguard.state import apply_update, as_dict, update_of
 from stateguard.tool_calls import TOOL_TAG, ToolCall
 
@@ -385,20 +386,7 @@ class _ToolCallGuard:
     @staticmethod
     def _unwinds(call: _Call) -> bool:
         """Whether a tool error the model was told about unwinds the run (``on_tool_error``)."""
-        core = call.core
-        spec = core.spec
-        policy = spec.tool_error_policy(call.name, call.tags)
-        if policy != "auto":
-            return policy == "compensate"
-        if spec.compensation_for(call.name, call.tags) is not None:
-            return True
-        journal = core.journal
-        if isinstance(journal, EffectLedger) and any(
-                e.step_id == call.step_id for e in journal.effects(call.run_id)):
-            return True
-        # This turn's effects only: an earlier turn of the conversation is settled.
-        return any(s.status in EFFECT_STATUSES and spec.compensation_for(s.node, s.tags)
-                   for s in turn_steps(journal, call.run_id))
+        return tool_error_unwinds(call.core, call.run_id, call.name, call.tags, call.step_id)
 
     @staticmethod
     def _fail_node(call: _Call, message: str) -> None:
