@@ -24,6 +24,7 @@ from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard import graph, labels
+from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
 from stateguard_web.runs import runtime, selectors
 from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
@@ -220,6 +221,8 @@ class RunPage:
     # Whether its steps offer "Retry from here…" (the confirmation asks the rule for the step
     # chosen: a pivot at or after it refuses it).
     retry_from: bool = False
+    # An AI run's conversation: the model's messages and each tool call (conversation.py).
+    conversation: list[Turn] = field(default_factory=list)
 
     @property
     def run_actions(self) -> set[str]:
@@ -262,7 +265,8 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         next_attempt=next_attempt(run, compensations), past_pivot=past_pivot, pivot=pivot,
         retry_from=can_operate and lifecycle.refusal(
             Action.RETRY_FROM, run.status, waiting=waiting,
-            undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None)
+            undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None,
+        conversation=conversation(steps))
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):

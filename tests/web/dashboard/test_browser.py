@@ -326,7 +326,22 @@ def test_an_operator_approves_an_ai_agents_tool_call_from_its_page(
     dialog.locator("button[type=submit]").click()
     run_status(page, "succeeded", logs)
     assert [c.amount for c in stripe_client.v1.charges.list().data] == [250_00]
+    # Beside the steps, the conversation: each call the model asked for, then its answer.
+    talk = page.locator(".conversation")
+    assert talk.locator("[data-asks]").evaluate_all("a => a.map(x => x.dataset.asks)") == [
+        "charge_card", "reserve_hotel", "send_confirmation"]
+    assert talk.locator('[data-turn="tool"]').evaluate_all(
+        "t => t.map(x => x.dataset.tool + ':' + x.dataset.status)") == [
+        "charge_card:success", "reserve_hotel:success", "send_confirmation:success"]
+    charged = talk.locator('[data-tool="charge_card"]').inner_text()
+    assert '"amount": 25000' in charged and "payment_intent_id" in charged
+    assert "Your trip to Lisbon is booked." in talk.inner_text()
     shot(page, "21-tool-run-succeeded")
+    page.set_viewport_size(PHONE)
+    talk.scroll_into_view_if_needed()
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shot(page, "21a-phone-conversation")
+    page.set_viewport_size(WIDE)
 
     # The customer cancels: the operator compensates the trip that succeeded. Each undo runs
     # outside the agent's graph (the apology e-mail's used to ask LangGraph for its config and
