@@ -9,13 +9,21 @@ unwind it, or resume it when every node is idempotent) and how its compensations
 
 Agents are plain Python below the web app: they never import Django. What they need from the
 deployment (keys, addresses, folders) reaches them as an ``AgentSettings`` passed to their
-factory: ``registry.get("checkout", AgentSettings(...))``.
+factory: ``registry.get("checkout", AgentSettings(...))``; an agent of a team's own reads its
+own options there (``settings.options_for(name)``, from ``STATEGUARD_AGENT_OPTIONS``).
+
+Where agents come from: this repository's (``agents.checkout`` & co.), the modules a deployment
+names (``use_modules``, from ``STATEGUARD_AGENTS``) and the installed packages' entry points in
+the group ``stateguard.agents`` (each names a module that registers its agents when imported).
+A team's agents live in its own package: docs/agents.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +49,12 @@ class AgentSettings:
     stripe_api_key: str = field(repr=False)
     stripe_api_base: str
     sandbox_dir: Path
+    # Agent name -> the options the deployment gives it (STATEGUARD_AGENT_OPTIONS): the
+    # addresses, keys and switches an agent of a team's own needs. Out of the repr: secrets.
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
+
+    def options_for(self, agent: str) -> Mapping[str, Any]:
+        return self.options.get(agent, {})
 
 
 class AgentInput(BaseModel):
@@ -133,6 +147,44 @@ def run_id(config: RunnableConfig) -> str:
     return str(config["configurable"]["thread_id"])
 
 
+ENTRY_POINT_GROUP = "stateguard.agents"
+_BUILT_IN = ("agents.checkout", "agents.noop", "agents.provision", "agents.travel")
+_modules: tuple[str, ...] = ()
+_loaded: set[str] = set()
+_complete = False  # every source imported: names() and get() are asked on every request
+
+
+def use_modules(modules: Sequence[str]) -> None:
+    """Also load the agents of these modules (dotted paths, as ``STATEGUARD_AGENTS`` names
+    them); they register with ``register`` when imported."""
+    global _modules, _complete
+    _modules = tuple(dict.fromkeys([*_modules, *modules]))
+    _complete = False
+
+
+def sources() -> list[tuple[str, str]]:
+    """Where this process looks for agents: (module, what named it), in load order."""
+    found = [(m, "built in") for m in _BUILT_IN]
+    found += [(m, "STATEGUARD_AGENTS") for m in _modules]
+    found += [(ep.value.partition(":")[0], f"entry point {ep.name!r} of "
+               f"{ep.dist.name if ep.dist else 'an installed package'}")
+              for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    return found
+
+
 def _load() -> None:
-    # Importing the agent modules registers them.
-    from agents import checkout, noop, provision, travel  # noqa: F401
+    # Importing an agent module registers its agents (once: a failed import is tried again,
+    # and says what named the module).
+    global _complete
+    if _complete:
+        return
+    for module, named_by in sources():
+        if module in _loaded:
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ConfigurationError(f"agents: cannot import {module!r} ({named_by}): "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        _loaded.add(module)
+    _complete = True

@@ -9,9 +9,11 @@ installed: SQLite under ``var/`` and the embedded Redis that ``make run`` starts
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 import environ
@@ -321,6 +323,23 @@ STATEGUARD_SANDBOX_DIR = BASE_DIR / env.str("STATEGUARD_SANDBOX_DIR", default="v
 STATEGUARD_API_MAX_BODY_BYTES = env.int("STATEGUARD_API_MAX_BODY_BYTES", default=1_048_576)
 # Django refuses larger bodies itself (the API answers 413 for those too); keep it above ours.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(2_621_440, STATEGUARD_API_MAX_BODY_BYTES)
+# A team's own agents (docs/agents.md): modules that register agents when imported, beside
+# this repository's and the installed packages' `stateguard.agents` entry points.
+STATEGUARD_AGENTS = env.list("STATEGUARD_AGENTS", default=[])
+if _bad_modules := [m for m in STATEGUARD_AGENTS
+                    if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", m)]:
+    raise ImproperlyConfigured(f"STATEGUARD_AGENTS: {_bad_modules} are not module paths "
+                               "(acme.agents,acme.more_agents)")
+# Options for those agents, as JSON: {"<agent>": {"<option>": value, ...}, ...}; each agent
+# reads its own (AgentSettings.options_for) and says which it needs.
+try:
+    STATEGUARD_AGENT_OPTIONS = json.loads(env.str("STATEGUARD_AGENT_OPTIONS", default="{}"))
+except ValueError as _exc:
+    raise ImproperlyConfigured(f"STATEGUARD_AGENT_OPTIONS is not JSON: {_exc}") from None
+if not isinstance(STATEGUARD_AGENT_OPTIONS, dict) or not all(
+        isinstance(v, dict) for v in STATEGUARD_AGENT_OPTIONS.values()):
+    raise ImproperlyConfigured('STATEGUARD_AGENT_OPTIONS must be a JSON object of objects: '
+                               '{"<agent>": {"<option>": ...}}')
 # Offer the benchmark agents (noop5: five steps that do nothing) for submission and execution.
 # Off for users; bench/ and the tests that measure the stack turn it on.
 STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)

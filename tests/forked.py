@@ -51,6 +51,10 @@ def _main(module: str, argv: list[str], out: str, err: str | None,
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+    # As a new interpreter would: PYTHONPATH's folders first on the path (an agent package
+    # installed for one test into a folder of its own).
+    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                    if p and p not in sys.path]
     sys.stdout = open(out, "a", buffering=1)  # noqa: SIM115 (closed by the process's exit)
     sys.stderr = sys.stdout if err is None else open(err, "a", buffering=1)  # noqa: SIM115
     os.dup2(sys.stdout.fileno(), 1)

@@ -7,3 +7,11 @@ class RunsConfig(AppConfig):
     name = "stateguard_web.runs"
     label = "runs"
     verbose_name = "Runs: orchestration"
+
+    def ready(self) -> None:
+        from django.conf import settings
+
+        from agents import registry
+        from stateguard_web.runs import checks  # noqa: F401  (registers the agents' check)
+
+        registry.use_modules(settings.STATEGUARD_AGENTS)

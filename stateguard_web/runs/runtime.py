@@ -77,7 +77,8 @@ def agent_settings() -> AgentSettings:
     """What the agents get from this deployment's settings (agents never import Django)."""
     return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
                          stripe_api_base=settings.STRIPE_API_BASE,
-                         sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR))
+                         sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
+                         options=settings.STATEGUARD_AGENT_OPTIONS)
 
 
 def agent_names() -> list[str]:
