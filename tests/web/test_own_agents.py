@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,9 +30,11 @@ def acme_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example package, installed as a deployment would install it (with its metadata,
     entry point included), into a folder that only the processes given it see."""
     site = tmp_path_factory.mktemp("acme-site")
+    source = shutil.copytree(EXAMPLE, tmp_path_factory.mktemp("acme-src") / "acme-agents",
+                             ignore=shutil.ignore_patterns("build", "*.egg-info"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
                     "--no-build-isolation", "--no-index", "--target", str(site),
-                    str(EXAMPLE)], check=True, capture_output=True, timeout=120)
+                    str(source)], check=True, capture_output=True, timeout=120)
     assert list(site.glob("acme_agents-*.dist-info/entry_points.txt"))
     return site
 
