@@ -61,6 +61,7 @@ from stateguard.core import GuardCore
 from stateguard.effects import EffectLedger, recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
+from stateguard.faults import fault_point
 from stateguard.journal import find_step, turn_steps
 from stateguard.kinds import kind_keywords, refusal_after_pivot, retry_delay
 from stateguard.records import EFFECT_STATUSES, ErrorInfo, StepStatus
@@ -202,7 +203,11 @@ class _ToolCallGuard:
         while True:  # more than once for a retriable tool only (stateguard.kinds)
             try:
                 with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    fault_point(call.core, "before", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
                     out = user(request, execute) if user else execute(request)
+                    fault_point(call.core, "after", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
             except BaseException as exc:
                 self._failed(call, exc)
                 delay = retry_delay(call.retry, exc, attempt)
@@ -232,7 +237,11 @@ class _ToolCallGuard:
         while True:
             try:
                 with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    fault_point(call.core, "before", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
                     out = await (user(request, execute) if user else execute(request))
+                    fault_point(call.core, "after", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
             except BaseException as exc:
                 self._failed(call, exc)
                 delay = retry_delay(call.retry, exc, attempt)
