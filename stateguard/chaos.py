@@ -22,6 +22,7 @@ chaos harness") has the rules.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -232,7 +233,8 @@ def run_saga_chaos(build: Callable[[], Any], *, input: Any, check: Callable[[Cha
                    config: RunnableConfig | None = None,
                    reset: Callable[[], Any] | None = None, resume: bool = False,
                    cases: Iterable[CaseKind] = CASE_KINDS,
-                   saver: BaseCheckpointSaver[Any] | None = None) -> ChaosReport:
+                   saver: BaseCheckpointSaver[Any] | None = None,
+                   asynchronous: bool = False) -> ChaosReport:
     """Run ``build()``'s graph once per failure point and ``check`` the world after each.
 
     - ``build``: returns a fresh graph: a ``StateGraph`` builder, a compiled graph (an agent)
@@ -246,7 +248,10 @@ def run_saga_chaos(build: Callable[[], Any], *, input: Any, check: Callable[[Cha
     - ``reset()``: makes the world fresh, before each run;
     - ``resume``: recover crashed runs forward (``recover(..., resume=True)``) instead of
       unwinding them;
-    - ``cases``: the kinds of case to run (``CASE_KINDS``, all by default).
+    - ``cases``: the kinds of case to run (``CASE_KINDS``, all by default);
+    - ``asynchronous``: run with ``ainvoke``, ``aapprove`` and ``arecover`` (a graph with
+      async nodes), each in ``asyncio.run``: not from a running event loop, and on a saver
+      not bound to one (the default ``InMemorySaver`` is not).
 
     Approval gates are approved as they come (``by="saga_chaos"``). Returns the report when
     every case left the world right; raises ``ChaosFailed`` (the report's table) otherwise.
@@ -276,7 +281,7 @@ def run_saga_chaos(build: Callable[[], Any], *, input: Any, check: Callable[[Cha
         error: BaseException | None = None
         crashed = False
         try:
-            _drive(faulty, graph, run_config, lambda: faulty.invoke(graph, input, run_config))
+            _drive(faulty, graph, run_config, asynchronous, "invoke", input, run_config)
         except SimulatedCrash:
             crashed = True
         except Exception as exc:
@@ -287,8 +292,8 @@ def run_saga_chaos(build: Callable[[], Any], *, input: Any, check: Callable[[Cha
         if crashed:  # another process finds the run its lease let go of, and recovers it
             again = other.compile(build())
             try:
-                _drive(other, again, run_config,
-                       lambda: other.recover(again, run_config, resume=resume))
+                _drive(other, again, run_config, asynchronous, "recover", run_config,
+                       resume=resume)
             except Exception as exc:
                 error = exc
         view = other.status(run_config)
@@ -333,9 +338,15 @@ def _shape(tags: Sequence[str]) -> StepShape:
 
 
 def _drive(guard: StateGuardCheckpointer, graph: Any, config: RunnableConfig,
-           start: Callable[[], Any]) -> None:
-    """Run ``start`` and approve each approval gate the run then waits at."""
-    start()
+           asynchronous: bool, start: str, *args: Any, **kwargs: Any) -> None:
+    """Run ``guard.<start>(graph, *args, **kwargs)`` (``invoke`` or ``recover``; their async
+    twins when ``asynchronous``) and approve each approval gate the run then waits at."""
+    def call(action: str, *args: Any, **kwargs: Any) -> Any:
+        if not asynchronous:
+            return getattr(guard, action)(graph, *args, **kwargs)
+        return asyncio.run(getattr(guard, "a" + action)(graph, *args, **kwargs))
+
+    call(start, *args, **kwargs)
     for _ in range(_MAX_APPROVALS):
         view = guard.status(config)
         if view.run.status != RunStatus.PAUSED:
@@ -345,7 +356,7 @@ def _drive(guard: StateGuardCheckpointer, graph: Any, config: RunnableConfig,
             raise ConfigurationError("saga chaos: the run paused at the graph's own interrupt(),"
                                      " which the harness cannot answer (it approves approval "
                                      "gates only)")
-        guard.approve(graph, config, by="saga_chaos", step_id=pending[0].step_id)
+        call("approve", config, by="saga_chaos", step_id=pending[0].step_id)
     raise ConfigurationError(f"saga chaos: the run paused for approval more than "
                              f"{_MAX_APPROVALS} times")
 

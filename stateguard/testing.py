@@ -34,7 +34,8 @@ __all__ = ["saga_chaos"]
 @pytest.fixture
 def saga_chaos() -> Callable[..., ChaosReport]:
     """The saga chaos harness: ``saga_chaos(build, input=..., check=..., guard={...},
-    config=None, reset=None, resume=False, cases=CASE_KINDS, saver=None)`` (the arguments of
+    config=None, reset=None, resume=False, cases=CASE_KINDS, saver=None, asynchronous=False)``
+    (the arguments of
     ``stateguard.chaos.run_saga_chaos``). Returns the report when every case left the world
     right; fails the test with the table of the cases that did not."""
     from stateguard.chaos import ChaosFailed, run_saga_chaos  # LangGraph: only when used

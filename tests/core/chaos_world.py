@@ -82,12 +82,16 @@ class BookingFailed(Exception):
     pass
 
 
-def checkout(bank: Bank, *, once: bool = False, book: bool = True,
-             fail: bool = False) -> StateGraph[Any, Any, Any, Any]:
+def checkout(bank: Bank, *, once: bool = False, book: bool = True, fail: bool = False,
+             asynchronous: bool = False) -> StateGraph[Any, Any, Any, Any]:
     """charge → book, as nodes (``once``: the charge is idempotent; ``book``: there is a
-    booking step; ``fail``: it fails)."""
+    booking step; ``fail``: it fails; ``asynchronous``: the charge is an async node, which
+    only ``ainvoke`` runs)."""
     def charge(state: Order) -> Order:
         return {"charge": bank.charge(run_id(), once=once)}
+
+    async def acharge(state: Order) -> Order:
+        return charge(state)
 
     def book_order(state: Order) -> Order:
         if fail:
@@ -95,7 +99,7 @@ def checkout(bank: Bank, *, once: bool = False, book: bool = True,
         return {"booked": True}
 
     builder: StateGraph[Any, Any, Any, Any] = StateGraph(Order)
-    builder.add_node("charge", charge)
+    builder.add_node("charge", acharge if asynchronous else charge)
     builder.add_edge(START, "charge")
     if book:
         builder.add_node("book", book_order)

@@ -84,6 +84,20 @@ def test_it_fails_tool_calls_and_crashes_inside_them() -> None:
     assert len(report.results) == 7 * 4 + 5  # 4 cases a step, and an invariant per node
 
 
+def test_it_runs_async_graphs_with_the_async_twins() -> None:
+    bank = Bank()
+
+    report = run_saga_chaos(lambda: checkout(bank, asynchronous=True), input={},
+                            check=bank.check, reset=bank.reset, asynchronous=True,
+                            guard={"compensations": {"charge": Compensation(
+                                bank.refund_of_run, in_doubt_safe=True)}})
+
+    assert set(outcomes(report).values()) == {"compensated"}
+    assert len(report.results) == 10
+    with pytest.raises(ChaosFailed, match=r"clean run did not succeed.*No synchronous"):
+        run_saga_chaos(lambda: checkout(bank, asynchronous=True), input={}, check=bank.check)
+
+
 def test_it_fails_task_calls_of_an_entrypoint() -> None:
     bank = Bank()
 
