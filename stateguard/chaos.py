@@ -257,49 +257,8 @@ def run_saga_chaos(build: Callable[[], Any], *, input: Any, check: Callable[[Cha
     every case left the world right; raises ``ChaosFailed`` (the report's table) otherwise.
     """
     settings = _settings(build, check, guard, config, reset, cases)
-    kinds = tuple(dict.fromkeys(cases))
-    faults = _Faults()
-    saver = saver if saver is not None else InMemorySaver()
-    journal = settings.pop("journal", None) or InMemoryJournal()
-    invariants = [*settings.pop("invariants", ())]
-    faulty = StateGuardCheckpointer(saver, journal=journal, fault_hook=faults.hook,
-                                    invariants=[*invariants, Invariant("saga_chaos",
-                                                                       faults.invariant)],
-                                    **settings)
-    # The other process that takes a crashed run over: the agent's own settings, no faults.
-    other = StateGuardCheckpointer(saver, journal=journal, invariants=invariants, **settings)
-    base = dict(config or {})
-    prefix = f"saga-chaos-{uuid.uuid4().hex[:8]}"
-
-    def run_case(n: int, case: ChaosCase | None) -> tuple[ChaosRun, bool]:
-        if reset is not None:
-            reset()
-        run_config: RunnableConfig = {**base, "configurable": {  # type: ignore[typeddict-item]
-            **base.get("configurable", {}), "thread_id": f"{prefix}-{n}"}}
-        graph = faulty.compile(build())
-        faults.arm(case)
-        error: BaseException | None = None
-        crashed = False
-        try:
-            _drive(faulty, graph, run_config, asynchronous, "invoke", input, run_config)
-        except SimulatedCrash:
-            crashed = True
-        except Exception as exc:
-            error = exc
-        finally:
-            fired = faults.fired
-            faults.arm(None)
-        if crashed:  # another process finds the run its lease let go of, and recovers it
-            again = other.compile(build())
-            try:
-                _drive(other, again, run_config, asynchronous, "recover", run_config,
-                       resume=resume)
-            except Exception as exc:
-                error = exc
-        view = other.status(run_config)
-        return ChaosRun(case, run_config, view.run.run_id, view.run.status, view, error), fired
-
-    clean, _ = run_case(0, None)
+    harness = _Harness(build, input, settings, config, reset, resume, saver, asynchronous)
+    clean, _ = harness.run(None)
     if clean.status != RunStatus.SUCCEEDED:
         raise ChaosFailed(f"saga chaos: the clean run did not succeed (it ended {clean.status}"
                           f"{_said(clean.error)}): the failure points are found by a run that "
@@ -309,14 +268,72 @@ def run_saga_chaos(build: Callable[[], Any], *, input: Any, check: Callable[[Cha
         raise ChaosFailed(f"saga chaos: the check failed after the clean run: {problem}")
     report = ChaosReport(failure_points(clean.view))
     for point in report.points:
-        for kind in kinds:
+        for kind in dict.fromkeys(cases):
             if kind == "invariant" and point.shape != "node":
                 continue  # the guard checks invariants after nodes (a call's, with its node)
-            run, fired = run_case(len(report.results) + 1, ChaosCase(point, kind))
+            run, fired = harness.run(ChaosCase(point, kind))
             report.results.append(CaseResult(run, _problem(check, run, fired)))
     if report.failures:
         raise ChaosFailed(str(report), report)
     return report
+
+
+class _Harness:
+    """Two guards on one journal and one saver: the faulty one runs each case, the other
+    (the agent's own settings, no faults) takes a crashed run over, as another process."""
+
+    def __init__(self, build: Callable[[], Any], input: Any, settings: dict[str, Any],
+                 config: RunnableConfig | None, reset: Callable[[], Any] | None, resume: bool,
+                 saver: BaseCheckpointSaver[Any] | None, asynchronous: bool) -> None:
+        self.build, self.input, self.reset, self.resume = build, input, reset, resume
+        self.asynchronous = asynchronous
+        self.faults = _Faults()
+        saver = saver if saver is not None else InMemorySaver()
+        journal = settings.pop("journal", None) or InMemoryJournal()
+        invariants = [*settings.pop("invariants", ())]
+        try:
+            self.faulty = StateGuardCheckpointer(
+                saver, journal=journal, fault_hook=self.faults.hook,
+                invariants=[*invariants, Invariant("saga_chaos", self.faults.invariant)],
+                **settings)
+            self.other = StateGuardCheckpointer(saver, journal=journal, invariants=invariants,
+                                                **settings)
+        except TypeError as exc:  # a keyword StateGuardCheckpointer does not take
+            raise ConfigurationError(f"saga chaos: guard: {exc}") from None
+        self.base = dict(config or {})
+        self.prefix = f"saga-chaos-{uuid.uuid4().hex[:8]}"
+        self.runs = 0
+
+    def run(self, case: ChaosCase | None) -> tuple[ChaosRun, bool]:
+        """One run on a fresh world and a thread of its own, failing at ``case`` (``None``:
+        the clean run); and whether its fault fired."""
+        if self.reset is not None:
+            self.reset()
+        config: RunnableConfig = {**self.base, "configurable": {  # type: ignore[typeddict-item]
+            **self.base.get("configurable", {}), "thread_id": f"{self.prefix}-{self.runs}"}}
+        self.runs += 1
+        graph = self.faulty.compile(self.build())
+        self.faults.arm(case)
+        error: BaseException | None = None
+        crashed = False
+        try:
+            _drive(self.faulty, graph, config, self.asynchronous, "invoke", self.input, config)
+        except SimulatedCrash:
+            crashed = True
+        except Exception as exc:
+            error = exc
+        finally:
+            fired = self.faults.fired
+            self.faults.arm(None)
+        if crashed:  # another process finds the run its lease let go of, and recovers it
+            again = self.other.compile(self.build())
+            try:
+                _drive(self.other, again, config, self.asynchronous, "recover", config,
+                       resume=self.resume)
+            except Exception as exc:
+                error = exc
+        view = self.other.status(config)
+        return ChaosRun(case, config, view.run.run_id, view.run.status, view, error), fired
 
 
 def failure_points(view: RunView) -> list[FailurePoint]:

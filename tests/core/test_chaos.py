@@ -177,6 +177,7 @@ def test_it_needs_a_clean_run_that_succeeds_and_passes_the_check() -> None:
     ({"reset": 1}, "reset must be a callable"),
     ({"guard": [("compensations", {})]}, "guard must be a mapping"),
     ({"guard": {"fault_hook": print}}, "sets fault_hook itself"),
+    ({"guard": {"compensation": {}}}, "guard: .*unexpected keyword argument 'compensation'"),
     ({"guard": {"invariants": "positive"}}, "must be a list of callables"),
     ({"config": {"configurable": {"thread_id": "t"}}}, "leave thread_id out"),
     ({"cases": ["explode"]}, "cases must be some of"),
