@@ -153,8 +153,15 @@ def test_it_says_a_failure_point_was_never_reached() -> None:
     def build() -> Any:  # the clean run books; later runs do not: not deterministic
         return checkout(bank, book=next(builds) == 0)
 
-    with pytest.raises(ChaosFailed, match="never reached"):
-        run_saga_chaos(build, input={}, check=bank.check, reset=bank.reset)
+    with pytest.raises(ChaosFailed) as caught:
+        run_saga_chaos(build, input={}, check=bank.check, reset=bank.reset,
+                       guard={"compensations": {"charge": refund_call(bank)}})
+
+    assert caught.value.report is not None
+    assert {(r.case.point.name, r.problem) for r in caught.value.report.failures} == {
+        ("book", "the run never reached this failure point: it ran differently from the "
+                 "clean run (give it a deterministic model)")}
+    assert len(caught.value.report.failures) == len(CASE_KINDS)
 
 
 def test_it_needs_a_clean_run_that_succeeds_and_passes_the_check() -> None:
