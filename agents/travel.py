@@ -10,6 +10,12 @@ the local sandbox (``reserve_hotel``) and e-mail the confirmation (``send_confir
 - ``reserve_hotel`` → cancel the room;
 - ``send_confirmation`` → an e-mail cannot be unsent: send an apology that cancels it.
 
+Each compensation is ``in_doubt_safe``: a call that raised after its effect (Stripe charged, then
+the answer was lost) or whose process died inside it saved no result, so the compensation looks
+for the effect instead, by the run and the call's id, which every effect carries (the charge's
+metadata, the room's number, the e-mail's name), and undoes what it finds, once. The saga chaos
+harness (``tests/agents/test_chaos.py``) fails each call at those points and checks the world.
+
 So a trip whose room cannot be held (the sandbox has no hotel in "Atlantis") ends with the card
 refunded once and the run ``compensated``, and a charge over 100.00 waits for an operator, who
 sees the call's arguments.
@@ -23,20 +29,20 @@ key are installed (docs/deploy.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import uuid
 import warnings
 from collections.abc import Sequence
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import stripe
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.tools import BaseTool, tool
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
 from langgraph.config import get_config
 from langgraph.prebuilt import create_react_agent
 from langgraph.prebuilt.chat_agent_executor import AgentState
@@ -48,7 +54,7 @@ from agents.stripe_support import REFUND_RETRY, stripe_client
 from stateguard import Compensation, Effect, ExceptionContext, record_effect, tool_calls
 
 ATLANTIS = "Atlantis"  # the sandbox has no hotel there: the reservation fails
-RUN_KEY = "stateguard_run"
+RUN_KEY, CALL_KEY = "stateguard_run", "stateguard_tool_call"  # a charge's metadata
 _ONCE: Any = {"max_network_retries": 0}  # a lost answer is looked up, never blindly resent
 SYSTEM = ("You are a travel agent. Charge the customer's card for the trip with charge_card, "
           "then hold the hotel with reserve_hotel, then e-mail the confirmation with "
@@ -164,15 +170,19 @@ class Travel:
     def tools(self) -> list[BaseTool]:
         travel = self
 
+        # The call's id (injected by ToolNode, never asked of the model) names the effect, so
+        # that a compensation can find it when the call saved no result.
         @tool
-        def charge_card(amount: int, currency: str, email: str) -> dict[str, Any]:
+        def charge_card(amount: int, currency: str, email: str,
+                        call_id: Annotated[str, InjectedToolCallId]) -> dict[str, Any]:
             """Charge the customer's card ``amount`` (smallest currency unit) for the trip."""
-            return travel.charge(amount, currency, email)
+            return travel.charge(amount, currency, email, call_id)
 
         @tool
-        def reserve_hotel(destination: str, nights: int) -> dict[str, Any]:
+        def reserve_hotel(destination: str, nights: int,
+                          call_id: Annotated[str, InjectedToolCallId]) -> dict[str, Any]:
             """Hold a hotel room at ``destination`` for ``nights`` nights."""
-            return travel.reserve(destination, nights)
+            return travel.reserve(destination, nights, _run(), call_id)
 
         @tool
         def send_confirmation(email: str, destination: str) -> str:
@@ -183,14 +193,15 @@ class Travel:
         return [charge_card, reserve_hotel, send_confirmation]
 
     # -- tools ------------------------------------------------------------------------------
-    def charge(self, amount: int, currency: str, email: str) -> dict[str, Any]:
+    def charge(self, amount: int, currency: str, email: str, call_id: str) -> dict[str, Any]:
         run = _run()
-        key = f"stateguard:{run}:charge_card"
+        key = f"stateguard:{run}:charge_card:{call_id}"
         customer = self.client.v1.customers.create(
             params={"email": email}, options={"idempotency_key": f"{key}:customer"})
         intent = self.client.v1.payment_intents.create(params={
             "amount": amount, "currency": currency, "customer": customer.id,
-            "payment_method": "pm_card_visa", "confirm": True, "metadata": {RUN_KEY: run}},
+            "payment_method": "pm_card_visa", "confirm": True,
+            "metadata": {RUN_KEY: run, CALL_KEY: call_id}},
             options=_ONCE | {"idempotency_key": key})
         record_effect(Effect("stripe", "charge", intent.id, amount=int(intent.amount),
                              currency=str(intent.currency), idempotency_key=key))
@@ -198,10 +209,13 @@ class Travel:
         return {"payment_intent_id": intent.id, "amount": int(intent.amount),
                 "currency": str(intent.currency)}
 
-    def reserve(self, destination: str, nights: int) -> dict[str, Any]:
+    def reserve(self, destination: str, nights: int, run: str, call_id: str) -> dict[str, Any]:
         if destination == ATLANTIS:
             raise NoRooms(f"no hotel has rooms in {destination}")
-        reservation = f"res_{uuid.uuid4().hex[:12]}"
+        reservation = reservation_of(run, call_id)  # the same on a retry: one room
+        room = self.sandbox / "hotel" / reservation
+        room.parent.mkdir(exist_ok=True)
+        room.write_text(f"{destination}:{nights}")
         self.log(f"do:reserve:{reservation}:{destination}:{nights}")
         record_effect(Effect("sandbox", "reservation", reservation))
         return {"reservation_id": reservation, "destination": destination, "nights": nights}
@@ -220,11 +234,16 @@ class Travel:
 
     # -- compensations ----------------------------------------------------------------------
     def refund(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
-        """Refund what Stripe says is left of the call's charge, with the call's key."""
+        """Refund what Stripe says is left of the call's charge, with the call's key: the
+        charge its result names, else (it raised, or died, saving none) the one Stripe has
+        for the run and the call."""
         charge = ctx.tool_call.result if ctx.tool_call else None
-        if not isinstance(charge, dict) or "payment_intent_id" not in charge:
-            return False  # the call saved no charge: nothing to undo
-        intent = self.client.v1.payment_intents.retrieve(charge["payment_intent_id"])
+        if isinstance(charge, dict) and "payment_intent_id" in charge:
+            intent = self.client.v1.payment_intents.retrieve(charge["payment_intent_id"])
+        else:
+            intent = self.find_charge(ctx)
+            if intent is None:
+                return False  # no charge was made: nothing to undo
         latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
         charge_id = str(latest if isinstance(latest, str) else latest.id)
         stripe_charge = self.client.v1.charges.retrieve(charge_id)
@@ -241,20 +260,53 @@ class Travel:
         self.log(f"undo:charge:{intent.id}")
         return f"refunded {refund.id}: {refund.amount} {refund.currency}"
 
+    def find_charge(self, ctx: ExceptionContext) -> Any | None:
+        """The succeeded PaymentIntent the run's call made, found by its metadata among the
+        charges of the customers with the call's e-mail."""
+        if ctx.tool_call is None or not ctx.tool_call.args.get("email"):
+            return None
+        customers = self.client.v1.customers.list(
+            params={"email": str(ctx.tool_call.args["email"]), "limit": 100})
+        for customer in customers.auto_paging_iter():
+            intents = self.client.v1.payment_intents.list(
+                params={"customer": customer.id, "limit": 100})
+            for intent in intents.auto_paging_iter():
+                metadata = intent.metadata.to_dict() if intent.metadata else {}
+                if (metadata.get(RUN_KEY) == ctx.run_id and intent.status == "succeeded"
+                        and metadata.get(CALL_KEY) == ctx.tool_call.id):
+                    return intent
+        return None
+
     def cancel(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        reservation = (ctx.tool_call.result or {}) if ctx.tool_call else {}
-        if not isinstance(reservation, dict) or "reservation_id" not in reservation:
+        """Give the room back, if the call held one: its number names the run and the call,
+        so it is found without the call's result."""
+        if ctx.tool_call is None:
             return False
-        self.log(f"undo:reserve:{reservation['reservation_id']}")
-        record_effect(Effect("sandbox", "cancellation", f"cancel_{reservation['reservation_id']}",
-                             undoes=reservation["reservation_id"]))
+        reservation = reservation_of(ctx.run_id, ctx.tool_call.id)
+        room = self.sandbox / "hotel" / reservation
+        if not room.exists():
+            return False  # never held, or given back already (an earlier attempt)
+        room.unlink()
+        self.log(f"undo:reserve:{reservation}")
+        record_effect(Effect("sandbox", "cancellation", f"cancel_{reservation}",
+                             undoes=reservation))
         return True
 
     def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+        """Take the confirmation back with an apology, if it was sent (and not yet)."""
+        outbox = self.sandbox / "outbox"
+        sent = outbox / f"{ctx.run_id}-confirmation.eml"
+        if not sent.exists() or (outbox / f"{ctx.run_id}-apology.eml").exists():
+            return False
         args = ctx.tool_call.args if ctx.tool_call else {}
         self.mail(ctx.run_id, str(args.get("email", "")), "Your trip is cancelled",
                   "We could not complete your booking; your card was refunded.", "apology")
         return True
+
+
+def reservation_of(run: str, call_id: str) -> str:
+    """The room's number: the run's and the call's, so a compensation finds it by them."""
+    return "res_" + hashlib.sha256(f"{run}\x00{call_id}".encode()).hexdigest()[:12]
 
 
 def total_charged_within_amount(state: dict[str, Any]) -> bool:
@@ -287,9 +339,11 @@ def spec(settings: AgentSettings) -> AgentSpec:
     return AgentSpec(
         name="travel", build=build, input_schema=TravelInput,
         invariants=(total_charged_within_amount,),
-        compensations={"charge_card": Compensation(travel.refund, retry=REFUND_RETRY),
-                       "reserve_hotel": travel.cancel,
-                       "send_confirmation": travel.apologise},
+        # in_doubt_safe: each looks for its call's effect before it undoes it (see above).
+        compensations={"charge_card": Compensation(travel.refund, retry=REFUND_RETRY,
+                                                   in_doubt_safe=True),
+                       "reserve_hotel": Compensation(travel.cancel, in_doubt_safe=True),
+                       "send_confirmation": Compensation(travel.apologise, in_doubt_safe=True)},
         approvals={"charge_card": lambda args: int(args.get("amount", 0)) > 100_00},
         description="An AI agent: charge the card, hold a hotel room, e-mail the confirmation; "
                     "each tool call a step, refunded if the room cannot be held.")

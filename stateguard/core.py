@@ -22,6 +22,7 @@ from stateguard.exceptions import (
     InvariantViolation,
     RunLocked,
 )
+from stateguard.faults import FaultHook
 from stateguard.journal import InMemoryJournal, Journal, turn_steps
 from stateguard.kinds import build_kinds, check_step_retry, held_reason
 from stateguard.records import ApprovalStatus, ErrorInfo, RunStatus
@@ -47,7 +48,8 @@ class GuardCore:
                  journal: Journal | None = None, on_event: EventCallback | None = None,
                  lease_ttl: float = 60.0, lease_heartbeat: float | None = None,
                  on_tool_error: Any = "auto", kinds: Mapping[str, Any] | None = None,
-                 step_retry: CompensationRetry | None = None) -> None:
+                 step_retry: CompensationRetry | None = None,
+                 fault_hook: FaultHook | None = None) -> None:
         if compensation_retry is not None and not isinstance(compensation_retry,
                                                              CompensationRetry):
             raise ConfigurationError("compensation_retry must be a CompensationRetry")
@@ -55,6 +57,8 @@ class GuardCore:
             raise ConfigurationError(f"{journal!r} does not implement the Journal protocol")
         if on_event is not None and not callable(on_event):
             raise ConfigurationError("on_event must be callable")
+        if fault_hook is not None and not callable(fault_hook):
+            raise ConfigurationError("fault_hook must be callable (stateguard.faults)")
         if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
             raise ConfigurationError("lease_ttl must be a positive number of seconds")
         if lease_heartbeat is None:
@@ -74,6 +78,7 @@ class GuardCore:
         # event), else the user's callback, or ``_dispatch`` while a stream listens too.
         self.on_event: EventCallback | None = on_event
         self._user_on_event = on_event
+        self.fault_hook = fault_hook  # fault injection in tests (stateguard.faults)
         self._listeners: dict[str, list[queue.SimpleQueue[Event]]] = {}
         self._listening = threading.Lock()
         self.lease_ttl = float(lease_ttl)

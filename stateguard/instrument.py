@@ -30,6 +30,7 @@ from stateguard.blame import bubbled_up, from_the_store, tag_node
 from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ConfigurationError, InvariantViolation
+from stateguard.faults import fault_point
 from stateguard.functional import guarding_calls, tasks_of
 from stateguard.kinds import (
     StepKind,
@@ -147,7 +148,9 @@ class _NodeWrapper:
             try:
                 with recording(self.core.journal, run_id, step_id, self.name), \
                         guarding_calls(self.core, run_id, step_id, config) as guarded:
+                    fault_point(self.core, "before", run_id, step_id, self.name, "node", attempt)
                     result = self.inner.invoke(state, guarded)
+                    fault_point(self.core, "after", run_id, step_id, self.name, "node", attempt)
             except BaseException as exc:
                 self._failed(run_id, step_id, exc)
                 delay = retry_delay(self.retry, exc, attempt)
@@ -166,7 +169,9 @@ class _NodeWrapper:
             try:
                 with recording(self.core.journal, run_id, step_id, self.name), \
                         guarding_calls(self.core, run_id, step_id, config) as guarded:
+                    fault_point(self.core, "before", run_id, step_id, self.name, "node", attempt)
                     result = await self.inner.ainvoke(state, guarded)
+                    fault_point(self.core, "after", run_id, step_id, self.name, "node", attempt)
             except BaseException as exc:
                 self._failed(run_id, step_id, exc)
                 delay = retry_delay(self.retry, exc, attempt)

@@ -61,6 +61,7 @@ from stateguard.core import GuardCore
 from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
+from stateguard.faults import fault_point
 from stateguard.journal import find_step
 from stateguard.kinds import kind_keywords, refusal_after_pivot, retry_delay
 from stateguard.malformed_calls import tool_error_unwinds
@@ -203,7 +204,11 @@ class _ToolCallGuard:
         while True:  # more than once for a retriable tool only (stateguard.kinds)
             try:
                 with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    fault_point(call.core, "before", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
                     out = user(request, execute) if user else execute(request)
+                    fault_point(call.core, "after", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
             except BaseException as exc:
                 self._failed(call, exc)
                 delay = retry_delay(call.retry, exc, attempt)
@@ -233,7 +238,11 @@ class _ToolCallGuard:
         while True:
             try:
                 with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    fault_point(call.core, "before", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
                     out = await (user(request, execute) if user else execute(request))
+                    fault_point(call.core, "after", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
             except BaseException as exc:
                 self._failed(call, exc)
                 delay = retry_delay(call.retry, exc, attempt)

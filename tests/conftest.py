@@ -5,6 +5,7 @@
 * ``stripe_client`` (function): an empty localstripe store plus a ``stripe.StripeClient``
   pointed at it; the module-level ``stripe.api_key`` / ``stripe.api_base`` are set too
   (and restored afterwards) for code that uses the global style.
+* ``saga_chaos``: the saga chaos harness, from the ``stateguard.testing`` plugin.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from pathlib import Path
 
 import pytest
 import stripe
+
+# The saga chaos harness's fixture (stateguard's pytest11 entry point loads it once stateguard is
+# installed from a checkout that declares it; named so, it is not loaded twice).
+pytest_plugins = ["stateguard.testing"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTRIPE_LAUNCHER = ROOT / "tools" / "localstripe_server.py"

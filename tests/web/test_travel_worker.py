@@ -52,8 +52,9 @@ def test_it_runs_the_travel_agent_on_a_worker_one_tool_call_per_step(
     [charge] = [s for s in detail["steps"] if s["node"] == "charge_card"]
     assert charge["update"]["args"] == {"amount": 31_00, "currency": "usd",
                                         "email": "bob@example.com"}
-    [refund] = detail["compensations"]
-    assert (refund["node"], refund["status"]) == ("charge_card", "succeeded")
+    # The failed reservation's cancel looked for a room (it is in_doubt_safe) and found none.
+    assert {c["node"]: c["status"] for c in detail["compensations"]} == {
+        "charge_card": "succeeded", "reserve_hotel": "nothing_to_undo"}
     charges = sorted((c.amount, c.amount_refunded) for c in stripe_client.v1.charges.list().data)
     assert charges == [(31_00, 31_00), (42_00, 0)]  # the failed trip's charge refunded once
     assert len(stripe_client.v1.refunds.list().data) == 1
