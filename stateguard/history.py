@@ -57,7 +57,7 @@ from langchain_core.messages import BaseMessage, ToolMessage
 from stateguard.records import StepRecord, json_default
 from stateguard.tool_calls import ToolCall
 
-__all__ = ["MARK", "Histories", "States", "answer_id", "expanded"]
+__all__ = ["MARK", "Encoded", "Histories", "States", "answer_id", "expanded", "is_encoded"]
 
 MARK = "stateguard:history"
 # Lists remembered per run and state key as bases: the last steps' (a step's best base is the
