@@ -92,7 +92,7 @@ class _Entry:
     nones: tuple[int, ...]  # positions of the messages that had no id when journaled
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Encoded:
     """A state as it goes to the journal, and the lists it adds as bases once it is written."""
 
@@ -121,6 +121,8 @@ class Histories:
 
     def restart(self, run_id: str, step_id: str) -> None:
         """The step starts (again): the journal clears its state, so it is no base."""
+        if not self._runs.get(run_id):  # nothing of the run remembered (a node's hot path)
+            return
         with self._lock:
             for entries in self._runs.get(run_id, {}).values():
                 entries.pop(step_id, None)
@@ -130,7 +132,12 @@ class Histories:
                answer: tuple[ToolMessage, ToolCall] | None = None) -> Encoded:
         """``after`` (a step's state, ``before`` the state it ran on) as the journal stores it;
         pass what the step wrote (``update``), or the tool call's answer and its record."""
-        if not self.enabled or not any(_is_messages(v) for v in after.values()):
+        for value in after.values():  # a plain loop: this runs after every node
+            if _is_messages(value):
+                break
+        else:
+            return Encoded(after)
+        if not self.enabled:
             return Encoded(after)
         with self._lock:
             held = self._runs.get(run_id)
