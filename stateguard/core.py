@@ -23,6 +23,7 @@ from stateguard.exceptions import (
     RunLocked,
 )
 from stateguard.faults import FaultHook
+from stateguard.history import Histories
 from stateguard.journal import InMemoryJournal, Journal, turn_steps
 from stateguard.kinds import build_kinds, check_step_retry, held_reason
 from stateguard.records import ApprovalStatus, ErrorInfo, RunStatus
@@ -90,6 +91,8 @@ class GuardCore:
         # it from renewing a lease that is being released (that would re-take the run).
         self._renewing = threading.Lock()
         self._beat: threading.Thread | None = None
+        # The message histories journaled for the runs this process holds (stateguard.history).
+        self.histories = Histories()
 
     # -- leases ------------------------------------------------------------------------------
     @contextmanager
@@ -124,6 +127,7 @@ class GuardCore:
         if not self.journal.lock_acquire(run_id, owner, self.lease_ttl):
             held = self.journal.run_get(run_id)
             raise RunLocked(run_id, held.lock_owner if held else None)
+        self.histories.hold(run_id)
         with self._renewing:
             self._held[run_id] = (owner, time.monotonic(), time.time())
             self._lost.discard(run_id)
@@ -134,6 +138,7 @@ class GuardCore:
         try:
             yield owner
         finally:
+            self.histories.release(run_id)
             with self._renewing:
                 self._held.pop(run_id, None)
                 self._lost.discard(run_id)  # nothing to remember once we let go

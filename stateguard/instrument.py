@@ -208,6 +208,7 @@ class _NodeWrapper:
         """Journal the step as started (again, for each attempt of a retriable step)."""
         core = self.core
         core.check_lease(run_id)
+        core.histories.restart(run_id, step_id)
         with from_the_store():
             _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags,
                                                   **kind_keywords(self.kind))
@@ -252,10 +253,12 @@ class _NodeWrapper:
                                          error=ErrorInfo.from_exception(bad_result))
             raise tag_node(bad_result, self.name) from None
         found = core.spec.first_violation(after)
+        state = core.histories.encode(run_id, step_id, values, after, update=update)
         if found is None:
             with from_the_store():
                 core.journal.step_finish(run_id, step_id, StepStatus.SUCCEEDED, update=update,
-                                         state_after=after)
+                                         state_after=state.state)
+            core.histories.keep(run_id, step_id, state)
             if core.on_event is not None:
                 emit(core.on_event, Event("step.succeeded", run_id, self.name, step_id))
             return result
@@ -264,7 +267,8 @@ class _NodeWrapper:
         # The body ran, so its effect happened: journal it as a step to compensate.
         with from_the_store():
             core.journal.step_finish(run_id, step_id, StepStatus.VIOLATED, update=update,
-                                     state_after=after, error=ErrorInfo.from_exception(exc))
+                                     state_after=state.state,
+                                     error=ErrorInfo.from_exception(exc))
         emit(core.on_event, Event("invariant.violated", run_id, self.name, step_id,
                                   {"invariant": invariant.name, "message": message}))
         raise tag_node(exc, self.name)

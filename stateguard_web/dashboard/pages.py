@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from stateguard import lifecycle
+from stateguard.history import States
 from stateguard.lifecycle import ATTENTION, LIVE, Action, Pivot
 from stateguard.records import DONE_COMPENSATIONS, EFFECT_STATUSES
 from stateguard.retry import CompensationRetry
@@ -259,7 +260,8 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         effects=list(run.effects.order_by("recorded_at", "pk")), approvals=approvals,
         audit=list(run.audit_events.order_by("created_at", "pk")), pending=pending,
         violation=violation,
-        violation_state=violated[-1].state_after if violated else None,
+        # The whole state, its messages journaled against earlier steps' (stateguard.history).
+        violation_state=States(steps).state(violated[-1]) if violated else None,
         graph_svg=_graph(run, views, compensations, pending), actions=actions,
         failed_step=failed_step, request=waiting, can_operate=can_operate,
         next_attempt=next_attempt(run, compensations), past_pivot=past_pivot, pivot=pivot,
