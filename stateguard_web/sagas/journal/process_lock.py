@@ -30,6 +30,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from typing import Any
 
 import psycopg
@@ -52,7 +53,7 @@ class ProcessLock:
     """This process's advisory lock: ``key()`` takes it the first time and returns its second
     key, or ``None`` while no lock can be held (the database is out of reach: leases then fall
     back to their expiry). Thread-safe; a process forked from one that held the lock takes a
-    lock of its own (the parent's connection is the parent's)."""
+    lock of its own, and leaves the parent's alone (``_after_fork``)."""
 
     def __init__(self, conninfo: str, *, check_every: float = 5.0) -> None:
         self.conninfo = conninfo
@@ -60,10 +61,10 @@ class ProcessLock:
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         self._key: int | None = None
-        self._pid = 0
         self._checked = 0.0  # monotonic time of the last check
         self._failed_at = 0.0  # and of the last failure to connect (retried after check_every)
         self._suspect = False  # check at the next key(): the database may have restarted
+        _ALL.add(self)
 
     def key(self, *, check: bool = False) -> int | None:
         """The key this process holds, taking one if it holds none. ``check``: make sure the
@@ -71,8 +72,6 @@ class ProcessLock:
         call after ``suspect()``): after the database restarted, the old key is free and
         must not go into a new lease."""
         with self._lock:
-            if self._pid != os.getpid():
-                self._forget_parents()
             now = time.monotonic()
             if self._conn is not None and (
                     self._suspect or (check and now - self._checked >= self.check_every)):
@@ -100,8 +99,7 @@ class ProcessLock:
     def forget(self) -> None:
         """Let the lock go (tests, and a process that stops taking leases)."""
         with self._lock:
-            if self._pid == os.getpid():
-                self._drop()
+            self._drop()
 
     def _take(self) -> None:
         conn = psycopg.connect(
@@ -109,7 +107,7 @@ class ProcessLock:
             application_name="stateguard-process-lock", options=_SERVER_OPTIONS,
             keepalives=1, keepalives_idle=KEEPALIVE[0], keepalives_interval=KEEPALIVE[1],
             keepalives_count=KEEPALIVE[2])
-        self._conn, self._pid, self._checked = conn, os.getpid(), time.monotonic()
+        self._conn, self._checked = conn, time.monotonic()
         while True:  # a key no live process holds (a clash is rare: 2^31 keys)
             key = 1 + secrets.randbelow(2**31 - 1)
             row = conn.execute("SELECT pg_try_advisory_lock(%s, %s)", [NAMESPACE, key]).fetchone()
@@ -123,9 +121,27 @@ class ProcessLock:
             with contextlib.suppress(psycopg.Error):
                 conn.close()
 
-    def _forget_parents(self) -> None:
-        # Never close() a connection inherited through a fork: libpq would say goodbye on the
-        # socket the parent still uses, ending its session and freeing its lock. Letting go of
-        # the object is safe: psycopg finishes a connection it collects only in the process
-        # that opened it.
-        self._conn, self._key, self._pid = None, None, os.getpid()
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's lock and connection stay the parent's. libpq
+        finishing the inherited connection here (closed or collected) would say goodbye on
+        the socket the parent still uses, ending its session and freeing its lock: the
+        child's copy of the socket is pointed at /dev/null first, so nothing can reach it."""
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        conn, self._conn, self._key = self._conn, None, None
+        if conn is not None and not conn.closed:
+            null = os.open(os.devnull, os.O_RDWR)
+            try:
+                os.dup2(null, conn.fileno())
+            finally:
+                os.close(null)
+
+
+_ALL: weakref.WeakSet[ProcessLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_ALL):
+        lock._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
