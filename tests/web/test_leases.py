@@ -106,6 +106,18 @@ def test_it_judges_leases_by_the_database_clock_not_the_workers() -> None:
     assert Run.objects.get(code=code).lease_owner == "behind"
 
 
+def test_its_session_outlives_no_process_and_no_idle_process_loses_it(
+        new_lock: Callable[[], ProcessLock]) -> None:
+    lock = new_lock()
+    assert lock.session_settings() == {}  # nothing held yet
+    assert lock.key() is not None
+    # Server-side TCP keepalives bound how long a vanished host keeps its lock (~11 s); an
+    # idle-session timeout would free a live process's.
+    assert lock.session_settings() == {
+        "idle_session_timeout": "0", "tcp_keepalives_idle": "5",
+        "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3"}
+
+
 def test_it_takes_a_new_lock_once_its_session_was_lost(
         new_lock: Callable[[], ProcessLock]) -> None:
     lock = new_lock()

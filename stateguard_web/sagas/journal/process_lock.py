@@ -91,6 +91,18 @@ class ProcessLock:
                                    "are recovered by their expiry only", exc)
             return self._key
 
+    def session_settings(self) -> dict[str, str]:
+        """The server's settings that keep the lock's session as long as its process lives and
+        no longer (keepalives, no idle timeout); empty while no lock is held."""
+        with self._lock:
+            shown: dict[str, str] = {}
+            for name in ("idle_session_timeout", "tcp_keepalives_idle",
+                         "tcp_keepalives_interval", "tcp_keepalives_count"):
+                if self._conn is not None:
+                    row = self._conn.execute(f"SHOW {name}").fetchone()
+                    shown[name] = "" if row is None else str(row[0])
+            return shown
+
     def suspect(self) -> None:
         """Check the session at the next ``key()``: the process made a new connection to the
         database (the last one broke: the database may have restarted, ending this one too)."""
