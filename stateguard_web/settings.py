@@ -266,13 +266,20 @@ CELERY_TIMEZONE = TIME_ZONE
 
 # Leases: a worker running a saga holds a lease of STATEGUARD_LEASE_SECONDS and renews it every
 # STATEGUARD_LEASE_RENEW_SECONDS; every STATEGUARD_SWEEP_SECONDS beat enqueues a sweep that hands
-# runs with an expired lease to another worker. Worst-case takeover after a crash is about
-# LEASE + SWEEP seconds (docs/deploy.md).
+# runs whose worker is gone to another worker (sagas/journal/leases.py, docs/deploy.md). On
+# PostgreSQL each worker process also holds an advisory lock while it lives
+# (STATEGUARD_WORKER_LOCK): a dead worker's run goes to recovery at the next sweep, a live one
+# keeps its runs however slow it is, up to STATEGUARD_LEASE_GRACE_SECONDS past its lease.
+# Without the lock (off, or SQLite), a crashed worker's run waits for LEASE + SWEEP seconds.
 STATEGUARD_LEASE_SECONDS = env.int("STATEGUARD_LEASE_SECONDS", default=10)
 STATEGUARD_LEASE_RENEW_SECONDS = env.int("STATEGUARD_LEASE_RENEW_SECONDS", default=3)
 STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
+STATEGUARD_WORKER_LOCK = env.bool("STATEGUARD_WORKER_LOCK", default=True)
+STATEGUARD_LEASE_GRACE_SECONDS = env.int("STATEGUARD_LEASE_GRACE_SECONDS", default=60)
 if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
     raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
+if STATEGUARD_LEASE_GRACE_SECONDS < 0:
+    raise ImproperlyConfigured("STATEGUARD_LEASE_GRACE_SECONDS must not be negative.")
 # What recovery does with a run whose worker died, per agent, over the agent's own on_crash:
 # "checkout=resume,provision=unwind". "resume" runs the node that was cut off again, so only for
 # an agent whose nodes find what their dead run did (checkout's charge finds its PaymentIntent).

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -31,14 +32,36 @@ from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
+from stateguard_web.sagas.journal.process_lock import ProcessLock
 
 
 @cache
 def journal() -> DjangoJournal:
-    """The process's journal, shared by every agent's guard and the checkpoint saver."""
-    made = DjangoJournal(defer_steps=connection.vendor == "postgresql")
+    """The process's journal, shared by every agent's guard and the checkpoint saver. On
+    PostgreSQL its leases name the process's lock (``STATEGUARD_WORKER_LOCK``): once the
+    process dies, its runs are recovered without waiting for their leases to run out."""
+    postgres = connection.vendor == "postgresql"
+    made = DjangoJournal(defer_steps=postgres, process_lock=process_lock(),
+                         grace=settings.STATEGUARD_LEASE_GRACE_SECONDS)
     events.watch_journal(made.holds)  # live updates wait for the rows they tell of
     return made
+
+
+@cache
+def process_lock() -> ProcessLock | None:
+    """This process's advisory lock (taken when it first takes a lease), if it holds one."""
+    if connection.vendor != "postgresql" or not settings.STATEGUARD_WORKER_LOCK:
+        return None
+    return ProcessLock(pg.conninfo(settings.DATABASES["default"]),
+                       check_every=settings.STATEGUARD_LEASE_RENEW_SECONDS)
+
+
+@receiver(connection_created)
+def _check_process_lock(**_: Any) -> None:
+    # A new connection of Django's: the last one broke, and if the database restarted, so did
+    # the lock's. Check it before the next lease names it.
+    if process_lock.cache_info().currsize and (lock := process_lock()) is not None:
+        lock.suspect()
 
 
 @cache
@@ -64,12 +87,15 @@ def saver() -> BaseCheckpointSaver[Any]:
 
 
 def close() -> None:
-    """Close this process's checkpoint connections (tests, before their database is dropped)."""
+    """Close this process's checkpoint connections and let go of its process lock (tests,
+    before their database is dropped)."""
     if checkpoint_pool.cache_info().currsize:  # PostgreSQL: the saver's connections
         checkpoint_pool().close()
     elif saver.cache_info().currsize:  # SQLite: the saver's file
         saver().conn.close()  # type: ignore[attr-defined]
-    for cached in (saver, checkpoint_pool, _guard, _spec, journal):
+    if process_lock.cache_info().currsize and (lock := process_lock()) is not None:
+        lock.forget()
+    for cached in (saver, checkpoint_pool, _guard, _spec, journal, process_lock):
         cached.cache_clear()
 
 

@@ -109,6 +109,20 @@ def new_run() -> str:
     return str(Run.objects.create(agent="test").code)
 
 
+def held_keys() -> set[int]:
+    """The keys of the process locks held on the test database (sagas/journal/process_lock.py):
+    one per live process that took a lease."""
+    from django.db import connection
+
+    from stateguard_web.sagas.journal.process_lock import NAMESPACE
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND "
+                       "classid = %s AND objsubid = 2 AND database = (SELECT oid FROM "
+                       "pg_database WHERE datname = current_database())", [NAMESPACE])
+        return {row[0] for row in cursor.fetchall()}
+
+
 def effects(sandbox: Path) -> list[str]:
     log = sandbox / "effects.log"
     return log.read_text().split() if log.exists() else []
@@ -135,17 +149,29 @@ class Workers:
         self.log_dir = log_dir
         self.procs: list[forked.Forked] = []
 
-    def start(self, name: str, *, beat: bool = False) -> forked.Forked:
+    def start(self, name: str, *, beat: bool = False, env: dict[str, str] | None = None,
+              clock_offset: float = 0) -> forked.Forked:
+        """A worker (with beat: the sweeper too), with ``env`` over the pool's, and its clock
+        ``clock_offset`` seconds off (``tests.web.skewed``)."""
         args = ["-A", "stateguard_web", "worker", "-l", "info", "--concurrency", "1",
                 "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
         if beat:
             args += ["-B", "-s", str(self.log_dir / f"{name}-beat-schedule")]
+        if clock_offset:
+            args = [str(clock_offset), "celery", *args]
         # `python -m celery ...`, forked warm (tests/forked.py). A session of its own, so
         # SIGKILL reaches the worker's pool children too.
-        proc = forked.start("celery", *args, out=self.log_dir / f"{name}.log", env=self.env,
+        proc = forked.start("tests.web.skewed" if clock_offset else "celery", *args,
+                            out=self.log_dir / f"{name}.log", env={**self.env, **(env or {})},
                             new_session=True)
         self.procs.append(proc)
         return proc
+
+    def wait_ready(self, name: str) -> None:
+        """Until the worker ``name`` has booted (Celery logged "ready.")."""
+        log = self.log_dir / f"{name}.log"
+        wait_for(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 60,
+                 f"worker {name} to boot", self.logs)
 
     def kill(self, proc: forked.Forked) -> None:
         import signal

@@ -254,3 +254,14 @@ def test_it_refuses_a_dashboard_that_would_ask_about_workers_nonstop(
     monkeypatch.setenv("STATEGUARD_WORKERS_POLL_SECONDS", "5")
     assert runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))[
         "STATEGUARD_WORKERS_POLL_SECONDS"] == 5.0
+
+
+def test_it_refuses_a_negative_lease_grace_and_reads_the_worker_lock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEGUARD_LEASE_GRACE_SECONDS", "-1")
+    with pytest.raises(ImproperlyConfigured, match="STATEGUARD_LEASE_GRACE_SECONDS"):
+        runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))
+    monkeypatch.setenv("STATEGUARD_LEASE_GRACE_SECONDS", "0")
+    monkeypatch.setenv("STATEGUARD_WORKER_LOCK", "false")
+    made = runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))
+    assert (made["STATEGUARD_LEASE_GRACE_SECONDS"], made["STATEGUARD_WORKER_LOCK"]) == (0, False)
