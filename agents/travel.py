@@ -1,20 +1,27 @@
 """The travel agent: an AI agent (``create_react_agent``) whose tools act on the world.
 
 The model plans; its tools charge the card with Stripe (``charge_card``), hold a hotel room in
-the local sandbox (``reserve_hotel``) and e-mail the confirmation (``send_confirmation``, an
-``.eml`` file in the sandbox's outbox). Each tool call is a step of its own in the journal
-(``stateguard.tools``), and the compensations are keyed by the tools' names:
+the local sandbox (``reserve_hotel``) and e-mail the confirmation over SMTP
+(``send_confirmation``, through the deployment's mail server: ``agents.mail``). Each tool call
+is a step of its own in the journal (``stateguard.tools``), and the compensations are keyed by
+the tools' names:
 
 - ``charge_card`` → refund what is left of the charge, reading the PaymentIntent from the call's
   result, with the call's idempotency key;
 - ``reserve_hotel`` → cancel the room;
-- ``send_confirmation`` → an e-mail cannot be unsent: send an apology that cancels it.
+- ``send_confirmation`` → an e-mail cannot be unsent: send the apology, once, in reply to the
+  confirmation (``In-Reply-To``). Both messages are named by their step's key (the call's
+  ``effect_key()``, the compensation's ``ctx.idempotency_key``) and both are in the ledger.
+  The apology is ``in_doubt_safe``: for a call that raised or died mid-send it asks the
+  server's folder, where it can (``make run``), whether the confirmation was accepted, and
+  apologises only then; where it cannot tell, it apologises (docs/deploy.md, "E-mail").
 
 Each compensation is ``in_doubt_safe``: a call that raised after its effect (Stripe charged, then
 the answer was lost) or whose process died inside it saved no result, so the compensation looks
-for the effect instead, by the run and the call's id, which every effect carries (the charge's
-metadata, the room's number, the e-mail's name), and undoes what it finds, once. The saga chaos
-harness (``tests/agents/test_chaos.py``) fails each call at those points and checks the world.
+for the effect instead, by the run and the call, which every effect carries (the charge's
+metadata, the room's number, the e-mail's ``Message-ID``), and undoes what it finds, once. The
+saga chaos harness (``tests/agents/test_chaos.py``) fails each call at those points and checks
+the world.
 
 So a trip whose room cannot be held (the sandbox has no hotel in "Atlantis") ends with the card
 refunded once and the run ``compensated``, and a charge over 100.00 waits for an operator, who
@@ -31,10 +38,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import smtplib
 import warnings
 from collections.abc import Sequence
-from email.message import EmailMessage
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -49,9 +57,20 @@ from langgraph.prebuilt.chat_agent_executor import AgentState
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
 
+from agents.mail import Mailer
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from agents.stripe_support import REFUND_RETRY, stripe_client
-from stateguard import Compensation, Effect, ExceptionContext, record_effect, tool_calls
+from stateguard import (
+    Compensation,
+    ConfigurationError,
+    Effect,
+    ExceptionContext,
+    effect_key,
+    record_effect,
+    tool_calls,
+)
+
+logger = logging.getLogger(__name__)
 
 ATLANTIS = "Atlantis"  # the sandbox has no hotel there: the reservation fails
 RUN_KEY, CALL_KEY = "stateguard_run", "stateguard_tool_call"  # a charge's metadata
@@ -151,12 +170,14 @@ def _run() -> str:
 
 
 class Travel:
-    """The travel agent's tools and their compensations, over a Stripe client and a sandbox."""
+    """The travel agent's tools and their compensations, over a Stripe client, a sandbox (the
+    hotel's) and a mail server."""
 
-    def __init__(self, client: stripe.StripeClient, sandbox: Path) -> None:
+    def __init__(self, client: stripe.StripeClient, sandbox: Path, mailer: Mailer) -> None:
         self.client = client
         self.sandbox = sandbox.resolve()
-        (self.sandbox / "outbox").mkdir(parents=True, exist_ok=True)
+        self.sandbox.mkdir(parents=True, exist_ok=True)
+        self.mailer = mailer
 
     def log(self, line: str) -> None:
         # One write per line with O_APPEND: lines from several workers never interleave.
@@ -185,10 +206,9 @@ class Travel:
             return travel.reserve(destination, nights, _run(), call_id)
 
         @tool
-        def send_confirmation(email: str, destination: str) -> str:
+        def send_confirmation(email: str, destination: str) -> dict[str, str]:
             """E-mail the customer that the trip is booked."""
-            return travel.mail(_run(), email, f"Your trip to {destination}",
-                               f"Your trip to {destination} is booked.", "confirmation")
+            return travel.confirm(_run(), email, destination)
 
         return [charge_card, reserve_hotel, send_confirmation]
 
@@ -220,17 +240,18 @@ class Travel:
         record_effect(Effect("sandbox", "reservation", reservation))
         return {"reservation_id": reservation, "destination": destination, "nights": nights}
 
-    def mail(self, run: str, to: str, subject: str, body: str, kind: str) -> str:
-        """Write the e-mail to the outbox as ``<run>-<kind>.eml``. ``run`` is passed in: a tool
-        reads it from LangGraph's config, a compensation (which runs outside any runnable,
-        where ``get_config()`` raises) from ``ctx.run_id``."""
-        message = EmailMessage()
-        message["From"], message["To"], message["Subject"] = "travel@localhost", to, subject
-        message.set_content(body)
-        path = self.sandbox / "outbox" / f"{run}-{kind}.eml"
-        path.write_bytes(bytes(message))
-        self.log(f"do:mail:{kind}:{to}")
-        return f"sent {path.name}"
+    def confirm(self, run: str, to: str, destination: str) -> dict[str, str]:
+        """E-mail the confirmation, named by the call's key: the same message however often
+        the call runs, and not handed to a server that says it has it already."""
+        key = effect_key()
+        message_id = self.mailer.message_id(key)
+        if self.mailer.accepted(message_id) is not True:
+            self.mailer.send(self.mailer.compose(
+                to=to, subject=f"Your trip to {destination}", message_id=message_id, run=run,
+                body=f"Your trip to {destination} is booked."))
+        record_effect(Effect("smtp", "email", message_id, idempotency_key=key))
+        self.log(f"do:mail:{message_id}")
+        return {"message_id": message_id, "to": to}
 
     # -- compensations ----------------------------------------------------------------------
     def refund(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
@@ -292,16 +313,44 @@ class Travel:
                              undoes=reservation))
         return True
 
-    def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        """Take the confirmation back with an apology, if it was sent (and not yet)."""
-        outbox = self.sandbox / "outbox"
-        sent = outbox / f"{ctx.run_id}-confirmation.eml"
-        if not sent.exists() or (outbox / f"{ctx.run_id}-apology.eml").exists():
-            return False
-        args = ctx.tool_call.args if ctx.tool_call else {}
-        self.mail(ctx.run_id, str(args.get("email", "")), "Your trip is cancelled",
-                  "We could not complete your booking; your card was refunded.", "apology")
-        return True
+    def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
+        """Take the confirmation back: the apology, in reply to it, once. For a call whose
+        outcome is unknown (it raised, or its process died mid-send), the server's folder says
+        whether the confirmation was accepted where it can; where it cannot, the apology goes
+        out anyway: a customer told twice is better than one left believing a cancelled trip
+        is booked (docs/deploy.md, "E-mail")."""
+        call = ctx.tool_call
+        args = call.args if call else {}
+        key = effect_key()  # the call's key, so the confirmation's Message-ID, whatever it did
+        confirmation = self.mailer.message_id(key)
+        result = call.result if call else None
+        if not (isinstance(result, dict) and result.get("message_id") == confirmation):
+            accepted = self.mailer.accepted(confirmation)
+            if accepted is False:
+                return False  # the server never accepted it: nothing to take back
+            if accepted:  # the call died before it could say so: the ledger says it now
+                record_effect(Effect("smtp", "email", confirmation, idempotency_key=key))
+        apology = self.mailer.message_id(ctx.idempotency_key)
+        if self.mailer.accepted(apology) is not True:  # an earlier attempt's was not accepted
+            destination, to = str(args.get("destination", "")), str(args.get("email", ""))
+            try:
+                self.mailer.send(self.mailer.compose(
+                    to=to, subject=f"Cancelled: your trip to {destination}",
+                    message_id=apology, run=ctx.run_id, in_reply_to=confirmation,
+                    body=(f"We could not complete your booking of the trip to {destination}: "
+                          "it is cancelled, and whatever you were charged for it is refunded.\n"
+                          "If you received our confirmation, it no longer holds. We are sorry.")))
+            except (ValueError, smtplib.SMTPRecipientsRefused) as exc:
+                refused = getattr(exc, "recipients", {})
+                if any(code < 500 for code, _ in refused.values()):
+                    raise  # refused for now (4xx): try again
+                # Not an address, or refused for good: the confirmation reached it no more.
+                logger.warning("run %s: no apology to %r: %s", ctx.run_id, to, exc)
+                return False
+        record_effect(Effect("smtp", "email", apology, idempotency_key=ctx.idempotency_key,
+                             undoes=confirmation))
+        self.log(f"undo:mail:{confirmation}")
+        return f"apologised with {apology} in reply to {confirmation}"
 
 
 def reservation_of(run: str, call_id: str) -> str:
@@ -326,7 +375,10 @@ class TravelInput(AgentInput):
 
 @register("travel")
 def spec(settings: AgentSettings) -> AgentSpec:
-    travel = Travel(stripe_client(settings), settings.sandbox_dir)
+    if settings.mail is None:
+        raise ConfigurationError("agent 'travel' e-mails its customers: give it a mail server "
+                                 "(AgentSettings.mail; the web app's EMAIL_* settings)")
+    travel = Travel(stripe_client(settings), settings.sandbox_dir, Mailer(settings.mail))
     # Read here, not at import: the deployment picks the model (docs/deploy.md).
     model = chat_model(os.environ.get("STATEGUARD_TRAVEL_MODEL", ""))
 

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+from email.utils import parseaddr
 from pathlib import Path
 
 import environ
@@ -406,9 +407,12 @@ STATEGUARD_NOTIFY_RETRIES = env.int("STATEGUARD_NOTIFY_RETRIES", default=5)
 # Where operators reach this site: the links in notifications.
 STATEGUARD_SITE_URL = env.str("STATEGUARD_SITE_URL", default="http://127.0.0.1:8000")
 # E-mail, as one URL (django-environ): smtp+tls://USER:PASSWORD@HOST:587, smtp+ssl://...:465.
-# The default under DEBUG prints each message to the console (the worker's output).
+# The agents send theirs over SMTP to EMAIL_HOST:EMAIL_PORT, as DEFAULT_FROM_EMAIL (agents/mail.py;
+# runs/runtime.py hands them these settings), whatever EMAIL_BACKEND, which is Django's own mail
+# (the notifications), says. The default under DEBUG is `make run`'s SMTP server
+# (tools/smtp_server.py, port 8025), which keeps every message in var/mail/.
 _email = env.email_url("EMAIL_URL",
-                       default="consolemail://" if DEBUG else "smtp://localhost:25")
+                       default="smtp://127.0.0.1:8025" if DEBUG else "smtp://localhost:25")
 EMAIL_BACKEND = _email["EMAIL_BACKEND"]
 EMAIL_HOST = _email["EMAIL_HOST"] or "localhost"
 EMAIL_PORT = _email["EMAIL_PORT"] or 25
@@ -418,6 +422,17 @@ EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
 EMAIL_USE_SSL = _email.get("EMAIL_USE_SSL", False)
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)  # seconds; Django's default waits forever
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="StateGuard <stateguard@localhost>")
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_URL: STARTTLS (smtp+tls://) or TLS (smtp+ssl://), not both.")
+if not re.fullmatch(r"[^@\s<>]+@[A-Za-z0-9.-]+", parseaddr(DEFAULT_FROM_EMAIL)[1]):
+    raise ImproperlyConfigured(f"DEFAULT_FROM_EMAIL is {DEFAULT_FROM_EMAIL!r}: an address "
+                               "(name@example.com, or Name <name@example.com>).")
+# The folder where the SMTP server at EMAIL_HOST keeps what it accepts: `make run`'s does
+# (tools/smtp_server.py). The dashboard's Outbox lists it, and the agents ask it whether the
+# server accepted a message (once it names that very server: agents/mailbox.py). Empty: no
+# such folder (a real mail server), no Outbox. Relative paths are under the repository root.
+_mail_dir = env.str("STATEGUARD_MAIL_DIR", default="var/mail" if DEBUG else "")
+STATEGUARD_MAIL_DIR: Path | None = BASE_DIR / _mail_dir if _mail_dir else None
 
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {

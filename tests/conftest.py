@@ -6,6 +6,8 @@
   pointed at it; the module-level ``stripe.api_key`` / ``stripe.api_base`` are set too
   (and restored afterwards) for code that uses the global style.
 * ``saga_chaos``: the saga chaos harness, from the ``stateguard.testing`` plugin.
+* ``mail_server`` (function): ``make run``'s SMTP server in a thread, keeping what it accepts
+  in a folder of the test's own (``tests/mail_server.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import stripe
@@ -24,6 +27,9 @@ import stripe
 # The saga chaos harness's fixture (stateguard's pytest11 entry point loads it once stateguard is
 # installed from a checkout that declares it; named so, it is not loaded twice).
 pytest_plugins = ["stateguard.testing"]
+
+if TYPE_CHECKING:
+    from tests.mail_server import MailServer
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTRIPE_LAUNCHER = ROOT / "tools" / "localstripe_server.py"
@@ -103,3 +109,14 @@ def stripe_client(localstripe_url: str) -> Iterator[stripe.StripeClient]:
         yield stripe.StripeClient(STRIPE_TEST_KEY, base_addresses={"api": localstripe_url})
     finally:
         stripe.api_key, stripe.api_base = saved_key, saved_base
+
+
+@pytest.fixture
+def mail_server(tmp_path: Path) -> Iterator[MailServer]:
+    from tests.mail_server import MailServer  # it imports this module: not at the top
+
+    server = MailServer(tmp_path / "mail")
+    try:
+        yield server
+    finally:
+        server.close()

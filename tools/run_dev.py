@@ -7,7 +7,8 @@
    the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the
    dashboard's URL and the login line (again on later runs, while that password still works),
 3. replaces itself with ``tools/supervise.py`` running ``Procfile.dev``: embedded Redis,
-   localstripe, Daphne, a Celery worker and Celery beat. A process that dies is restarted (with
+   localstripe, an SMTP server (mail lands in var/mail/), Daphne, a Celery worker and Celery
+   beat. A process that dies is restarted (with
    a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
    supervisor exits 0 (make, after Ctrl-C, then dies of the SIGINT itself: status 130), and if
    the supervisor is killed outright they stop by themselves (tools/supervise.py).
@@ -29,7 +30,8 @@ DASHBOARD_URL = "http://127.0.0.1:8000/"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
 # Whatever answers on one of these is not this stack's: another `make run` (maybe from another
 # checkout), or a process one left behind. Using it would mix that one's queue and data in.
-PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 6390: "embedded Redis"}
+PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 8025: "mail (SMTP)",
+         6390: "embedded Redis"}
 
 
 def _port_in_use(port: int) -> bool:
@@ -105,6 +107,7 @@ def main() -> int:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"  # the supervisor reads their output through pipes
     print(f"\nthe dashboard: {DASHBOARD_URL} (the admin: {ADMIN_URL})\n{login}\n"
+          f"the agents' e-mail: {DASHBOARD_URL}outbox/ (files in var/mail/)\n"
           "Ctrl-C stops every process.\n", flush=True)
     # exec, not a child: the supervisor gets Ctrl-C/SIGTERM directly, and its exit status is
     # what make sees.

@@ -24,7 +24,7 @@ from stateguard.spec import GuardSpec, build_compensations
 from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import graph, labels
+from stateguard_web.dashboard import graph, labels, outbox
 from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
 from stateguard_web.runs import runtime, selectors
@@ -224,6 +224,8 @@ class RunPage:
     retry_from: bool = False
     # An AI run's conversation: the model's messages and each tool call (conversation.py).
     conversation: list[Turn] = field(default_factory=list)
+    # Whether the ledger's e-mails link to the Outbox (outbox.py: make run's mail server).
+    outbox: bool = False
 
     @property
     def run_actions(self) -> set[str]:
@@ -268,7 +270,7 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         retry_from=can_operate and lifecycle.refusal(
             Action.RETRY_FROM, run.status, waiting=waiting,
             undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None,
-        conversation=conversation(steps))
+        conversation=conversation(steps), outbox=outbox.shown_to(user))
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):

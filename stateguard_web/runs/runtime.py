@@ -26,6 +26,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from agents import registry
+from agents.mail import MailSettings
 from agents.registry import AgentSettings, AgentSpec
 from stateguard import RetryLater, StateGuardCheckpointer
 from stateguard_web.sagas import events
@@ -104,7 +105,22 @@ def agent_settings() -> AgentSettings:
     return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
                          stripe_api_base=settings.STRIPE_API_BASE,
                          sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
+                         mail=mail_settings(),
                          options=settings.STATEGUARD_AGENT_OPTIONS)
+
+
+def mail_settings() -> MailSettings:
+    """The SMTP server the agents send through: Django's own ``EMAIL_*`` settings (settings.py
+    checks them), and the folder where that server keeps what it accepts, if it does."""
+    folder = settings.STATEGUARD_MAIL_DIR
+    return MailSettings(host=settings.EMAIL_HOST, port=int(settings.EMAIL_PORT),
+                        from_email=settings.DEFAULT_FROM_EMAIL,
+                        timeout=float(settings.EMAIL_TIMEOUT or 10),
+                        username=settings.EMAIL_HOST_USER,
+                        password=settings.EMAIL_HOST_PASSWORD,
+                        use_tls=bool(settings.EMAIL_USE_TLS),
+                        use_ssl=bool(settings.EMAIL_USE_SSL),
+                        mail_dir=Path(folder) if folder else None)
 
 
 def agent_names() -> list[str]:
@@ -163,8 +179,8 @@ def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
     if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
-                   "STATEGUARD_ON_CRASH") or setting.startswith(
-                       "STATEGUARD_COMPENSATION_RETRY_LATER_"):
+                   "STATEGUARD_ON_CRASH", "STATEGUARD_MAIL_DIR", "DEFAULT_FROM_EMAIL",
+                   ) or setting.startswith(("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_")):
         _guard.cache_clear()
         _spec.cache_clear()
 

@@ -18,6 +18,7 @@ from agents.registry import AgentSettings
 from stateguard import Compensation, ExceptionContext, RunStatus
 from stateguard.chaos import ChaosFailed, ChaosReport, ChaosRun, run_saga_chaos
 from tests.conftest import STRIPE_TEST_KEY, flush_localstripe
+from tests.mail_server import MailServer
 
 ORDER = {"email": "alice@example.com", "amount": 42_00, "currency": "usd"}
 
@@ -88,32 +89,40 @@ def test_a_refund_that_forgets_a_charge_whose_answer_was_lost_is_named(
 
 def test_travel_leaves_nothing_behind_at_any_failure_point(
         saga_chaos: Callable[..., ChaosReport], stripe_client: stripe.StripeClient,
-        localstripe_url: str, tmp_path: Path) -> None:
+        localstripe_url: str, tmp_path: Path, mail_server: MailServer) -> None:
+    sandbox = tmp_path / "sandbox"
     spec = registry.get("travel", AgentSettings(stripe_api_key=STRIPE_TEST_KEY,
                                                 stripe_api_base=localstripe_url,
-                                                sandbox_dir=tmp_path))
+                                                sandbox_dir=sandbox,
+                                                mail=mail_server.settings()))
     stripe_right = stripe_is_right(stripe_client)
 
     def reset() -> None:
         flush_localstripe(localstripe_url)
-        shutil.rmtree(tmp_path)
-        (tmp_path / "outbox").mkdir(parents=True)
+        shutil.rmtree(sandbox, ignore_errors=True)
+        sandbox.mkdir()
+        for message in mail_server.folder.messages():  # what the server accepted before
+            message.path.unlink()
 
     def check(run: ChaosRun) -> None:
         stripe_right(run)
-        log = (tmp_path / "effects.log").read_text().split() if (
-            tmp_path / "effects.log").exists() else []
+        log = (sandbox / "effects.log").read_text().split() if (
+            sandbox / "effects.log").exists() else []
         held = [line.split(":")[2] for line in log if line.startswith("do:reserve:")]
         cancelled = Counter(line.split(":")[2] for line in log
                             if line.startswith("undo:reserve:"))
         assert all(n == 1 for n in cancelled.values()), f"cancelled twice: {cancelled}"
-        mails = Counter(line.split(":")[2] for line in log if line.startswith("do:mail:"))
+        # What the SMTP server accepted: each message once, and an apology for each
+        # confirmation of an unwound run, in reply to it.
+        sent = mail_server.messages()
+        mails = Counter("apology" if m["In-Reply-To"] else "confirmation" for m in sent)
         assert all(n == 1 for n in mails.values()), f"mailed twice: {mails}"
         if run.status == RunStatus.COMPENSATED:
             kept = [r for r in held if r not in cancelled]
             assert not kept, f"unwound, yet the room {kept} is still held"
             assert mails["apology"] == mails["confirmation"], (
                 "unwound, yet the confirmation was not taken back")
+            assert all(m["In-Reply-To"] == sent[0]["Message-ID"] for m in sent[1:])
 
     report = saga_chaos(spec.build, input=ORDER | {"destination": "Lisbon", "nights": 2},
                         guard=spec.guard_kwargs(), check=check, reset=reset)

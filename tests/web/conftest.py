@@ -24,6 +24,7 @@ import pytest
 
 from tests import forked
 from tests.conftest import _free_port, _port_answers
+from tests.mail_server import MailServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -129,14 +130,17 @@ def effects(sandbox: Path) -> list[str]:
 
 
 class Workers:
-    """Real Celery worker processes on the test database and the test Redis."""
+    """Real Celery worker processes on the test database and the test Redis (and the test's
+    SMTP server, given its ``mail_env``)."""
 
-    def __init__(self, sandbox: Path, log_dir: Path) -> None:
+    def __init__(self, sandbox: Path, log_dir: Path, mail_env: dict[str, str] | None = None
+                 ) -> None:
         from django.db import connection
 
         db = connection.settings_dict
         self.env = {
             **os.environ,
+            **(mail_env or {}),
             "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
             "STATEGUARD_SANDBOX_DIR": str(sandbox),
             # Short leases keep the crash test quick; P4 reruns it with the defaults
@@ -193,12 +197,14 @@ class Workers:
 
 
 @pytest.fixture
-def workers(sandbox: Path, tmp_path: Path, transactional_db: None) -> Iterator[Workers]:
+def workers(sandbox: Path, tmp_path: Path, transactional_db: None,
+            mail_server: MailServer) -> Iterator[Workers]:
+    """The workers' pool (none started yet); their e-mail goes to ``mail_server``."""
     import redis
     from django.conf import settings
 
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()  # no task left from earlier
-    pool = Workers(sandbox, tmp_path)
+    pool = Workers(sandbox, tmp_path, mail_server.env)
     yield pool
     for proc in pool.procs:
         pool.kill(proc)
