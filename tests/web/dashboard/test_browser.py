@@ -356,6 +356,9 @@ def test_an_operator_approves_an_ai_agents_tool_call_from_its_page(
     assert statuses and "failed" not in statuses and "waiting" not in statuses, statuses
     [charge] = stripe_client.v1.charges.list().data
     assert charge.amount_refunded == 250_00
+    # The ledger fits the page at 1280 px: its long ids (Message-IDs) wrap, not the table.
+    assert page.evaluate("(() => { const w = document.querySelector('.effects')"
+                         ".closest('.table-wrap'); return w.scrollWidth <= w.clientWidth; })()")
     shot(page, "21b-tool-run-compensated")
 
     # The e-mails went over SMTP to the test's server: the ledger links each to the Outbox.
