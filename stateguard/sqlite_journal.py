@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stateguard.effects import Effect, EffectRecord, EffectStatus, settled_status
-from stateguard.lifecycle import check_change
+from stateguard.lifecycle import LIVE, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -69,7 +69,23 @@ CREATE INDEX IF NOT EXISTS sg_effects_undoes ON sg_effects (provider, undoes);
 _ADDED_COLUMNS = (("sg_runs", "turn", "INTEGER NOT NULL DEFAULT 1"),
                   ("sg_steps", "turn", "INTEGER NOT NULL DEFAULT 1"),
                   ("sg_compensations", "retry_at", "REAL"),
-                  ("sg_steps", "kind", "TEXT NOT NULL DEFAULT 'compensatable'"))
+                  ("sg_steps", "kind", "TEXT NOT NULL DEFAULT 'compensatable'"),
+                  ("sg_runs", "fencing_token", "INTEGER NOT NULL DEFAULT 0"))
+_LIVE = ", ".join(f"'{status.value}'" for status in sorted(LIVE))
+# The runs no process drives (journal.AbandonedRunsJournal), with since when: their lock
+# expired; or no one holds them and they have not changed for a while, unless their
+# compensations wait for a round that has not come.
+_ABANDONED = """
+SELECT {columns} FROM (
+    SELECT r.*, CASE
+        WHEN r.lock_owner IS NOT NULL THEN CASE WHEN r.lock_expires < :now
+                                                THEN r.lock_expires END
+        WHEN w.first_due IS NOT NULL THEN CASE WHEN w.first_due <= :now THEN w.first_due END
+        WHEN r.updated_at < :now - :idle THEN r.updated_at END AS since
+    FROM sg_runs r LEFT JOIN (SELECT run_id, MIN(retry_at) AS first_due FROM sg_compensations
+                              WHERE status = 'waiting' GROUP BY run_id) w USING (run_id)
+    WHERE r.status IN ({live}))
+WHERE since IS NOT NULL ORDER BY since LIMIT :limit"""
 _EFFECT_COLUMNS = ("run_id, step_id, node, provider, kind, external_id, amount, currency, "
                    "idempotency_key, undoes, status, recorded_at")
 
@@ -92,6 +108,15 @@ def _loads(text: str | None) -> Any:
 
 def _error(text: str | None) -> ErrorInfo | None:
     return ErrorInfo.from_dict(_loads(text))
+
+
+_RUN_COLUMNS = ("run_id, status, error, lock_owner, lock_expires, created_at, updated_at, turn,"
+                " fencing_token")
+
+
+def _run(r: tuple[Any, ...]) -> RunRecord:
+    """A run from the columns of ``_RUN_COLUMNS``."""
+    return RunRecord(r[0], RunStatus(r[1]), _error(r[2]), r[3], r[4], r[5], r[6], r[7], r[8])
 
 
 _STEP_COLUMNS = ("step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
@@ -154,12 +179,8 @@ class SqliteJournal:
 
     def run_get(self, run_id: str) -> RunRecord | None:
         row = self._db().execute(
-            "SELECT status, error, lock_owner, lock_expires, created_at, updated_at, turn"
-            " FROM sg_runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None:
-            return None
-        return RunRecord(run_id, RunStatus(row[0]), _error(row[1]), row[2], row[3], row[4],
-                         row[5], row[6])
+            f"SELECT {_RUN_COLUMNS} FROM sg_runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else _run(row)
 
     def run_set_status(self, run_id: str, status: RunStatus,
                        error: ErrorInfo | None = None) -> None:
@@ -202,9 +223,10 @@ class SqliteJournal:
             db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
                        " VALUES (?, ?, ?, ?)", (run_id, RunStatus.RUNNING.value, now, now))
             cursor = db.execute(
-                "UPDATE sg_runs SET lock_owner = ?, lock_expires = ? WHERE run_id = ?"
+                "UPDATE sg_runs SET lock_owner = ?, lock_expires = ?, fencing_token ="
+                " fencing_token + (lock_owner IS NOT ?) WHERE run_id = ?"
                 " AND (lock_owner IS NULL OR lock_owner = ? OR lock_expires < ?)",
-                (owner, now + ttl, run_id, owner, now))
+                (owner, now + ttl, owner, run_id, owner, now))
             return cursor.rowcount == 1
 
     def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
@@ -213,8 +235,16 @@ class SqliteJournal:
         return cursor.rowcount == 1
 
     def lock_release(self, run_id: str, owner: str) -> None:
-        self._db().execute("UPDATE sg_runs SET lock_owner = NULL, lock_expires = 0"
-                           " WHERE run_id = ? AND lock_owner = ?", (run_id, owner))
+        # A live run let go of is abandoned once it stays unchanged (runs_abandoned).
+        self._db().execute("UPDATE sg_runs SET lock_owner = NULL, lock_expires = 0,"
+                           " updated_at = ? WHERE run_id = ? AND lock_owner = ?",
+                           (time.time(), run_id, owner))
+
+    def runs_abandoned(self, *, idle: float, limit: int) -> list[RunRecord]:
+        now = time.time()
+        rows = self._db().execute(_ABANDONED.format(columns=_RUN_COLUMNS, live=_LIVE),
+                                  {"now": now, "idle": idle, "limit": limit}).fetchall()
+        return [_run(r) for r in rows]
 
     # -- steps ------------------------------------------------------------------------------
     def step_start(self, run_id: str, step_id: str, node: str,
