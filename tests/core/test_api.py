@@ -13,6 +13,7 @@ EXPECTED = {
     "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key", "record_effect",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
+    "LeaseLost",
     "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",
     "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepKind",
     "StepStatus",
