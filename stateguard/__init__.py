@@ -45,6 +45,7 @@ from stateguard.report import CompensationOutcome, UnwindReport
 from stateguard.retry import CompensationRetry, RetryLater
 from stateguard.spec import Compensation, Invariant
 from stateguard.sqlite_journal import SqliteJournal
+from stateguard.sweep import SweepReport
 from stateguard.tool_calls import ToolCall, tool_calls
 
 __all__ = [
@@ -83,6 +84,7 @@ __all__ = [
     "StateGuardError",
     "StepKind",
     "StepStatus",
+    "SweepReport",
     "ToolCall",
     "ToolCallFailed",
     "UnwindReport",

@@ -16,7 +16,7 @@ EXPECTED = {
     "LeaseLost",
     "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",
     "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepKind",
-    "StepStatus",
+    "StepStatus", "SweepReport",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 
