@@ -24,15 +24,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import psycopg
 from langgraph.checkpoint.postgres import PostgresSaver
-from langgraph.graph import END, START, StateGraph
 from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.p1_overhead import N, builder  # P1's 20-node line
 from stateguard import InMemoryJournal, Journal, SqliteJournal, StateGuardCheckpointer
 from stateguard.postgres_journal import PostgresJournal
 from stateguard.records import StepStatus
@@ -40,21 +40,6 @@ from stateguard.records import StepStatus
 ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 DB = "stateguard_pgj_bench"
 DSN = f"postgresql://postgres@127.0.0.1:5432/{DB}"
-N = 20
-
-
-class S(TypedDict):
-    x: int
-
-
-def builder() -> StateGraph[Any, Any, Any, Any]:
-    b: StateGraph[Any, Any, Any, Any] = StateGraph(S)
-    names = [f"n{i}" for i in range(N)]
-    for name in names:
-        b.add_node(name, lambda s: {"x": s["x"] + 1})
-    for a, c in zip([START, *names], [*names, END], strict=True):
-        b.add_edge(a, c)
-    return b
 
 
 def journal_step(journal: Journal, steps: int) -> float:
@@ -135,18 +120,19 @@ def run(args: argparse.Namespace, tmp: Path, floor: psycopg.Connection[Any],
             raw[name].append(measure())
         for name in guards:
             per_step[name].append(graph_step(guards[name], graphs[name], args.runs))
-    print(f"1. journal writes per step (start + finish), {args.steps} steps x {args.rounds}"
-          " rounds, medians:")
-    floor_us = statistics.median(raw[next(iter(raw))]) * 1e6
-    for name, values in raw.items():
-        us = statistics.median(values) * 1e6
-        print(f"   {name:48s} {us:8.0f} us  {us / floor_us:5.2f}x floor")
-    print(f"2. guarded {N}-node line on PostgresSaver (sync), {args.runs} runs x {args.rounds}"
-          " rounds, medians:")
-    base = statistics.median(per_step[next(iter(per_step))]) * 1e3
-    for name, values in per_step.items():
-        ms = statistics.median(values) * 1e3
-        print(f"   {name:48s} {ms:8.3f} ms/step  {ms / base:5.2f}x")
+    show(f"1. journal writes per step (start + finish), {args.steps} steps x {args.rounds}"
+         " rounds, medians:", raw, "us", 1e6)
+    show(f"2. guarded {N}-node line on PostgresSaver (sync), {args.runs} runs x {args.rounds}"
+         " rounds, medians:", per_step, "ms/step", 1e3)
+
+
+def show(title: str, seconds: dict[str, list[float]], unit: str, scale: float) -> None:
+    """Each variant's median, and its ratio to the first (the floor, or the saver alone)."""
+    print(title)
+    first = statistics.median(next(iter(seconds.values())))
+    for name, values in seconds.items():
+        median = statistics.median(values)
+        print(f"   {name:48s} {median * scale:9.3f} {unit}  {median / first:5.2f}x")
 
 
 if __name__ == "__main__":
