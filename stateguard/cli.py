@@ -18,8 +18,9 @@ at once, each run is recovered by one of them.
         guard = StateGuardCheckpointer(saver, journal=journal, compensations={...})
         return guard.compile(builder)
 
-Exit status: 0; 1 when a run's recovery raised (it is logged, and the next sweep tries again);
-2 when the arguments or what they name cannot be used (the message says why).
+Exit status: 0; 1 when a run's recovery raised, or the sweep did (it is logged, and the next
+sweep tries again; with ``--every`` the loop goes on); 2 when the arguments or what they name
+cannot be used (the message says why).
 """
 
 from __future__ import annotations
@@ -123,7 +124,13 @@ def _sweep(args: argparse.Namespace, stack: ExitStack) -> int:
         return report
 
     if args.every is None:
-        return 1 if once().failed else 0
+        try:
+            return 1 if once().failed else 0
+        except ConfigurationError:
+            raise
+        except Exception as exc:  # the database went away, say: the next run tries again
+            print(f"stateguard sweep: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return 1
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the sweep at hand, then stop
         signal.signal(sig, lambda *_: stop.set())
@@ -132,8 +139,9 @@ def _sweep(args: argparse.Namespace, stack: ExitStack) -> int:
             once()
         except ConfigurationError:
             raise  # will not fix itself
-        except Exception:  # the database went away: the next sweep tries again
-            logger.exception("sweep failed; trying again in %s s", args.every)
+        except Exception as exc:  # the database went away, say: the next sweep tries again
+            logger.error("sweep failed, %s: %s; trying again in %s s", type(exc).__name__, exc,
+                         args.every)
         stop.wait(args.every)
     return 0
 

@@ -89,6 +89,16 @@ def test_it_sweeps_once_and_says_what_it_recovered(
     assert run_status is not None and run_status.status == RunStatus.COMPENSATED
 
 
+def test_sweep_says_a_journal_was_never_set_up(
+        pg_journal_db: str, pg_schema: str, stores: dict[str, str],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(["sweep", "--journal", pg_journal_db, "--schema", pg_schema,
+                          "--saver", stores["saver"], "--graph",
+                          "tests.core.test_cli:make_graph"], capsys)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"not in schema {pg_schema!r} of this database: call PostgresJournal.setup()" in err
+
+
 def test_setup_makes_a_postgres_journal_s_tables(
         pg_journal_db: str, pg_schema: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(["setup", "--journal", pg_journal_db, "--schema", pg_schema], capsys)
