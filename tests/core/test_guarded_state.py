@@ -78,10 +78,12 @@ def test_it_recovers_a_run_left_in_doubt_from_another_guard(
     log: list[str] = []
     # What a process that died inside step "b" leaves behind: its expired lease, step "a"
     # done, step "b" started.
-    journal, other = (SqliteJournal(tmp_path / "j.db"), SqliteJournal(tmp_path / "j.db")) \
-        if kind == "sqlite" else (request.getfixturevalue("pg_journal"), PostgresJournal(
-            request.getfixturevalue("pg_journal_db"), schema=request.getfixturevalue(
-                "pg_schema")))
+    if kind == "sqlite":
+        journal, other = SqliteJournal(tmp_path / "j.db"), SqliteJournal(tmp_path / "j.db")
+    else:  # the same schema, as another process opens it
+        journal = request.getfixturevalue("pg_journal")
+        other = PostgresJournal(request.getfixturevalue("pg_journal_db"), schema=journal.schema)
+        request.addfinalizer(other.close)
     journal.lock_acquire("g5", "dead-process", 0.01)
     journal.step_start("g5", "1:a", "a")
     journal.step_finish("g5", "1:a", StepStatus.SUCCEEDED, state_after={"a": 1})

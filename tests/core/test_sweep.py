@@ -55,7 +55,8 @@ class Stores:
                 request.getfixturevalue("pg_schema")
             self.journal_args = (db, schema)
             self.saver_dsn = make_conninfo(db, options=f"-c search_path={schema}")
-            PostgresJournal(db, schema=schema).setup()  # the schema the saver's tables go in
+            with PostgresJournal(db, schema=schema) as journal:
+                journal.setup()  # and the schema the saver's tables go in
             self.saver().setup()
 
     def journal(self) -> Journal:
