@@ -8,10 +8,11 @@ to a guarded step with LangGraph's PostgresSaver.
    PostgresSaver, with InMemoryJournal (the saver alone), SqliteJournal and PostgresJournal:
    ms per step.
 
-Rounds interleave the variants, so the machine's noise hits each alike; medians. A database of
-its own (stateguard_pgj_bench), dropped at the end.
+Many short rounds, each taking one sample of every variant in turn, so that a burst of the
+machine's noise (a shared disk's fsyncs) hits the variants alike; medians of the samples. A
+database of its own (stateguard_pgj_bench), dropped at the end.
 
-    .venv/bin/python bench/journal_pg.py [--steps 500] [--runs 30] [--rounds 5]
+    .venv/bin/python bench/journal_pg.py [--steps 50] [--runs 3] [--rounds 40]
 """
 
 from __future__ import annotations
@@ -73,9 +74,9 @@ def graph_step(guard: StateGuardCheckpointer, graph: Any, runs: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50, help="journal steps per sample")
+    parser.add_argument("--runs", type=int, default=3, help="guarded runs per sample")
+    parser.add_argument("--rounds", type=int, default=40, help="samples of each variant")
     args = parser.parse_args()
     with psycopg.connect(ADMIN, autocommit=True) as admin:
         admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
@@ -120,10 +121,10 @@ def run(args: argparse.Namespace, tmp: Path, floor: psycopg.Connection[Any],
             raw[name].append(measure())
         for name in guards:
             per_step[name].append(graph_step(guards[name], graphs[name], args.runs))
-    show(f"1. journal writes per step (start + finish), {args.steps} steps x {args.rounds}"
-         " rounds, medians:", raw, "us", 1e6)
-    show(f"2. guarded {N}-node line on PostgresSaver (sync), {args.runs} runs x {args.rounds}"
-         " rounds, medians:", per_step, "ms/step", 1e3)
+    show(f"1. journal writes per step (start + finish), {args.rounds} samples of {args.steps}"
+         " steps, medians:", raw, "us", 1e6)
+    show(f"2. guarded {N}-node line on PostgresSaver (sync), {args.rounds} samples of"
+         f" {args.runs} runs, medians:", per_step, "ms/step", 1e3)
 
 
 def show(title: str, seconds: dict[str, list[float]], unit: str, scale: float) -> None:
