@@ -30,7 +30,6 @@ schema, idempotent.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from collections.abc import Iterator
@@ -45,8 +44,17 @@ except ImportError as exc:  # the extra is not installed
     raise ImportError("PostgresJournal needs psycopg 3 and psycopg-pool: "
                       "pip install 'stateguard[postgres]'") from exc
 
-from stateguard.effects import Effect, EffectRecord, EffectStatus, settled_status
+from stateguard.effects import EffectRecord, settled_status
 from stateguard.exceptions import ConfigurationError, LeaseLost
+from stateguard.journal_rows import (
+    dumps,
+    effect_from,
+    error_from,
+    error_json,
+    loads,
+    run_from,
+    step_from,
+)
 from stateguard.lifecycle import CHANGES, LIVE, check_change
 from stateguard.postgres_schema import apply_migrations
 from stateguard.records import (
@@ -61,7 +69,6 @@ from stateguard.records import (
     RunStatus,
     StepRecord,
     StepStatus,
-    json_default,
 )
 
 Cursor = psycopg.Cursor[tuple[Any, ...]]
@@ -222,37 +229,6 @@ _SOURCES = {new: sorted({new.value, *(old.value for old, news in CHANGES.items()
             for new in RunStatus}
 
 
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=json_default)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _error(text: str | None) -> ErrorInfo | None:
-    return ErrorInfo.from_dict(_loads(text))
-
-
-def _error_json(error: ErrorInfo | None) -> str | None:
-    return None if error is None else json.dumps(error.to_dict())
-
-
-def _run(r: tuple[Any, ...]) -> RunRecord:
-    return RunRecord(r[0], RunStatus(r[1]), _error(r[2]), r[3], r[4] or 0.0, r[5], r[6], r[7],
-                     r[8])
-
-
-def _step(run_id: str, r: tuple[Any, ...]) -> StepRecord:
-    return StepRecord(run_id, r[0], r[1], tuple(r[2]), StepStatus(r[3]), r[4], r[5], r[6], r[7],
-                      _loads(r[8]), _loads(r[9]), _error(r[10]), r[11], r[12])
-
-
-def _effect(r: tuple[Any, ...]) -> EffectRecord:
-    return EffectRecord(r[0], r[1], r[2], Effect(r[3], r[4], r[5], r[6], r[7], r[8], r[9]),
-                        EffectStatus(r[10]), r[11])
-
-
 class PostgresJournal:
     """A ``Journal`` in PostgreSQL: several processes, on several hosts, share its runs.
 
@@ -382,18 +358,18 @@ class PostgresJournal:
             cur.execute(self._sql["run_get"], {"run": run_id})
             row = cur.fetchone()
         assert row is not None
-        return _run(row)
+        return run_from(row)
 
     def run_get(self, run_id: str) -> RunRecord | None:
         row = self._one("run_get", {"run": run_id})
-        return None if row is None else _run(row)
+        return None if row is None else run_from(row)
 
     def run_set_status(self, run_id: str, status: RunStatus,
                        error: ErrorInfo | None = None) -> None:
         status = RunStatus(status)
         set_error = error is not None or status in (RunStatus.RUNNING, RunStatus.SUCCEEDED)
         params = {"run": run_id, "status": status.value, "set_error": set_error,
-                  "error": _error_json(error), "sources": _SOURCES[status],
+                  "error": error_json(error), "sources": _SOURCES[status],
                   "token": self._fences.get(run_id)}
         self._changed(run_id, status, "run_set_status", params)
 
@@ -402,7 +378,7 @@ class PostgresJournal:
                   "token": self._fences.get(run_id)}
         row = self._changed(run_id, RunStatus.RUNNING, "run_next_turn", params)
         assert row is not None
-        return _run(row)
+        return run_from(row)
 
     def _changed(self, run_id: str, status: RunStatus, name: str, params: dict[str, Any]
                  ) -> tuple[Any, ...] | None:
@@ -454,7 +430,7 @@ class PostgresJournal:
         self._fences.pop(run_id, None)
 
     def runs_abandoned(self, *, idle: float, limit: int) -> list[RunRecord]:
-        return [_run(r) for r in self._all("runs_abandoned", {"idle": float(idle),
+        return [run_from(r) for r in self._all("runs_abandoned", {"idle": float(idle),
                                                               "limit": int(limit)})]
 
     # -- steps ------------------------------------------------------------------------------
@@ -476,16 +452,16 @@ class PostgresJournal:
                     state_after: Any = None, error: ErrorInfo | None = None) -> None:
         self._write("step_finish", {
             "run": run_id, "step": step_id, "status": StepStatus(status).value,
-            "effect": int(status in EFFECT_STATUSES), "update": _dumps(update),
-            "state": _dumps(state_after), "error": _error_json(error)})
+            "effect": int(status in EFFECT_STATUSES), "update": dumps(update),
+            "state": dumps(state_after), "error": error_json(error)})
 
     def steps(self, run_id: str) -> list[StepRecord]:
-        return [_step(run_id, r) for r in self._all("steps", {"run": run_id})]
+        return [step_from(run_id, r) for r in self._all("steps", {"run": run_id})]
 
     def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
         # The primary key (run_id, step_id): one row, whatever the run's length.
         row = self._one("step_get", {"run": run_id, "step": step_id})
-        return None if row is None else _step(run_id, row)
+        return None if row is None else step_from(run_id, row)
 
     # -- compensations ----------------------------------------------------------------------
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
@@ -503,7 +479,7 @@ class PostgresJournal:
             "run": run_id, "step": step_id, "status": CompensationStatus(status).value,
             "retry_at": retry_at, "number": attempt.number, "started": attempt.started_at,
             "finished": attempt.finished_at, "ok": attempt.ok, "result": attempt.result,
-            "error": _error_json(attempt.error)})
+            "error": error_json(attempt.error)})
 
     def compensations(self, run_id: str) -> list[CompensationRecord]:
         with self._cursor() as cur:
@@ -511,7 +487,7 @@ class PostgresJournal:
             attempts: dict[str, list[AttemptRecord]] = {}
             for r in cur.fetchall():
                 attempts.setdefault(r[0], []).append(
-                    AttemptRecord(r[1], r[2], r[3], r[4], r[5], _error(r[6])))
+                    AttemptRecord(r[1], r[2], r[3], r[4], r[5], error_from(r[6])))
             cur.execute(self._sql["compensations"], {"run": run_id})
             rows = cur.fetchall()
         return [CompensationRecord(run_id, r[0], r[1], r[2], CompensationStatus(r[3]), r[4],
@@ -521,7 +497,7 @@ class PostgresJournal:
     def approval_request(self, record: ApprovalRecord) -> ApprovalRecord:
         self._write("approval_request", {
             "run": record.run_id, "step": record.step_id, "node": record.node,
-            "payload": _dumps(record.payload), "status": ApprovalStatus(record.status).value,
+            "payload": dumps(record.payload), "status": ApprovalStatus(record.status).value,
             "at": record.requested_at})
         return next(a for a in self.approvals(record.run_id) if a.step_id == record.step_id)
 
@@ -532,7 +508,7 @@ class PostgresJournal:
             "reason": reason}) == 1
 
     def approvals(self, run_id: str) -> list[ApprovalRecord]:
-        return [ApprovalRecord(run_id, r[0], r[1], _loads(r[2]), ApprovalStatus(r[3]), r[4],
+        return [ApprovalRecord(run_id, r[0], r[1], loads(r[2]), ApprovalStatus(r[3]), r[4],
                                r[5], r[6], r[7]) for r in self._all("approvals", {"run": run_id})]
 
     # -- effects ----------------------------------------------------------------------------
@@ -548,12 +524,12 @@ class PostgresJournal:
                 "key": e.idempotency_key, "undoes": e.undoes, "status": record.status.value,
                 "at": record.recorded_at})
             cur.execute(self._sql["effect_get"], key)
-            stored = _effect(_fetched(cur))
+            stored = effect_from(_fetched(cur))
             # Settle what it undoes, and itself (effects undoing it may have come first).
             for external_id in filter(None, (stored.effect.undoes, stored.effect.external_id)):
                 self._settle(cur, e.provider, external_id)
             cur.execute(self._sql["effect_get"], key)
-            return _effect(_fetched(cur))
+            return effect_from(_fetched(cur))
 
     def _settle(self, cur: Cursor, provider: str, external_id: str) -> None:
         key = {"provider": provider, "external_id": external_id}
@@ -562,12 +538,12 @@ class PostgresJournal:
         if row is None:
             return
         cur.execute(self._sql["effects_undoing"], key)
-        undoing = [_effect(r).effect for r in cur.fetchall()]
-        status = settled_status(_effect(row).effect, undoing)
+        undoing = [effect_from(r).effect for r in cur.fetchall()]
+        status = settled_status(effect_from(row).effect, undoing)
         cur.execute(self._sql["effect_settle"], {**key, "status": status.value})
 
     def effects(self, run_id: str) -> list[EffectRecord]:
-        return [_effect(r) for r in self._all("effects", {"run": run_id})]
+        return [effect_from(r) for r in self._all("effects", {"run": run_id})]
 
 
 def _fetched(cur: Cursor) -> tuple[Any, ...]:
