@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         ConfigurationError,
         InvalidRunState,
         InvariantViolation,
+        LeaseLost,
         RunLocked,
         RunNotFound,
         SagaAborted,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from stateguard.retry import CompensationRetry, RetryLater
     from stateguard.spec import Compensation, Invariant
     from stateguard.sqlite_journal import SqliteJournal
+    from stateguard.sweep import SweepReport
     from stateguard.tool_calls import ToolCall, tool_calls
 
 # Each public name and the module that defines it.
@@ -81,6 +83,7 @@ _WHERE = {
     "Invariant": "stateguard.spec",
     "InvariantInfo": "stateguard.context",
     "InvariantViolation": "stateguard.exceptions",
+    "LeaseLost": "stateguard.exceptions",
     "Journal": "stateguard.journal",
     "Retriable": "stateguard.kinds",
     "RetryLater": "stateguard.retry",
@@ -90,6 +93,7 @@ _WHERE = {
     "RunView": "stateguard.records",
     "SagaAborted": "stateguard.exceptions",
     "SqliteJournal": "stateguard.sqlite_journal",
+    "SweepReport": "stateguard.sweep",
     "StateGuardCheckpointer": "stateguard.checkpointer",
     "StateGuardError": "stateguard.exceptions",
     "StepKind": "stateguard.kinds",
@@ -124,6 +128,7 @@ __all__ = [
     "InvariantInfo",
     "InvariantViolation",
     "Journal",
+    "LeaseLost",
     "Retriable",
     "RetryLater",
     "RunLocked",
@@ -136,6 +141,7 @@ __all__ = [
     "StateGuardError",
     "StepKind",
     "StepStatus",
+    "SweepReport",
     "ToolCall",
     "ToolCallFailed",
     "UnwindReport",

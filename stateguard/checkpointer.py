@@ -22,10 +22,10 @@ from stateguard.events import EventCallback
 from stateguard.exceptions import ConfigurationError
 from stateguard.faults import FaultHook
 from stateguard.journal import Journal, PurgingJournal
-from stateguard.operator_actions import GuardOperations
 from stateguard.plain_runs import PlainRuns
 from stateguard.retry import CompensationRetry
 from stateguard.runner import OnError
+from stateguard.sweep import GuardSweeping
 from stateguard.tool_policy import OnToolError
 
 # What the guard forwards to its saver. Each is a capability LangGraph reads off the class (its
@@ -41,7 +41,7 @@ def has_capability(saver_type: type, name: str) -> bool:
     return getattr(saver_type, name, None) is not getattr(BaseCheckpointSaver, name)
 
 
-class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
+class StateGuardCheckpointer(GuardSweeping, BaseCheckpointSaver[Any]):
     """Wraps any LangGraph checkpoint saver and adds invariants, compensations and approvals.
 
     Drop-in: compile with it and invoke the graph as usual (``stateguard.plain_runs``)::

@@ -5,6 +5,7 @@ The tree::
     StateGuardError
     ├── ConfigurationError (ValueError)   bad invariants, compensations or approvals
     ├── RunLocked (RuntimeError)          another process holds the run's lease
+    │   └── LeaseLost                     a write fenced out: the writer's lease was taken over
     ├── RunNotFound (LookupError)         no journaled run under that id
     ├── InvalidRunState (RuntimeError)    the action does not fit the run's status (an operator's,
     │                                     or an invoke: a Command for an approval gate, new input
@@ -44,6 +45,13 @@ class RunLocked(StateGuardError, RuntimeError):
         self.owner = owner
         held = f" by {owner!r}" if owner else ""
         super().__init__(f"run {run_id!r} is locked{held}")
+
+
+class LeaseLost(RunLocked):
+    """A journal refused a write because the writer's lease on the run was taken over (another
+    process holds it now, under a newer fencing token): the run is that process's, and this one
+    must not act on it any more. A stalled worker that wakes after its lease expired gets this
+    from ``PostgresJournal`` instead of writing over the run's recovery."""
 
 
 class RunNotFound(StateGuardError, LookupError):

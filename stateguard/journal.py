@@ -10,6 +10,9 @@ Rules every implementation keeps (the saga's guarantees rest on them):
 - ``lock_acquire`` is atomic: two owners never both hold a run's lock, and ``lock_renew`` never
   takes back a lock that was released or taken over;
 - ``approval_decide`` is atomic: only one decision turns a pending approval into a decided one.
+
+``SqliteJournal`` and ``PostgresJournal`` (``stateguard.postgres_journal``, the ``postgres``
+extra) are the shipped journals that several processes share.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from stateguard.effects import EffectRecord, settled_status
-from stateguard.lifecycle import FINISHED, check_change
+from stateguard.lifecycle import FINISHED, LIVE, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -132,6 +135,26 @@ class StepLookupJournal(Protocol):
 
     def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
         """The step as ``steps()`` would give it; ``None`` if the run has no such step."""
+
+
+@runtime_checkable
+class AbandonedRunsJournal(Protocol):
+    """A journal that lists the runs no process is driving (optional: ``InMemoryJournal``,
+    ``SqliteJournal`` and ``PostgresJournal`` do): ``guard.sweep`` recovers them.
+
+    A run is abandoned when it is live (running or compensating) and
+    - its lock expired: its holder died, or stalled for longer than its lease;
+    - or no one holds its lock and it has not changed for ``idle`` seconds (its process was
+      cancelled, or let go of it on an error that escaped the guard); but a run whose
+      compensations wait for their next round (``RetryLater``) is abandoned only once one of
+      them is due (its ``retry_at`` came).
+
+    Such a journal keeps ``RunRecord.fencing_token`` (one more on every new holder of the
+    lock): a sweeper that takes the lock after listing a run knows from it whether anyone
+    else held the run in between, and leaves it alone if so."""
+
+    def runs_abandoned(self, *, idle: float, limit: int) -> list[RunRecord]:
+        """At most ``limit`` abandoned runs, longest abandoned first."""
 
 
 def find_step(journal: Journal, run_id: str, step_id: str) -> StepRecord | None:
@@ -264,6 +287,8 @@ class InMemoryJournal:
             run = self._runs.setdefault(run_id, RunRecord(run_id))
             if run.lock_owner not in (None, owner) and run.lock_expires > now:
                 return False
+            if run.lock_owner != owner:
+                run.fencing_token += 1
             run.lock_owner, run.lock_expires = owner, now + ttl
             return True
 
@@ -279,7 +304,29 @@ class InMemoryJournal:
         with self._lock:
             run = self._runs.get(run_id)
             if run is not None and run.lock_owner == owner:
-                run.lock_owner, run.lock_expires = None, 0.0
+                # A live run let go of is abandoned once it stays unchanged (runs_abandoned).
+                run.lock_owner, run.lock_expires, run.updated_at = None, 0.0, time.time()
+
+    def runs_abandoned(self, *, idle: float, limit: int) -> list[RunRecord]:
+        now = time.time()
+        found: list[tuple[float, RunRecord]] = []
+        with self._lock:
+            for run in self._runs.values():
+                if run.status not in LIVE:
+                    continue
+                if run.lock_owner is not None:
+                    if run.lock_expires < now:
+                        found.append((run.lock_expires, run))
+                    continue
+                waits = [c.retry_at or 0.0 for c in self._comps.get(run.run_id, {}).values()
+                         if c.status == CompensationStatus.WAITING]
+                if waits:
+                    if min(waits) <= now:
+                        found.append((min(waits), run))
+                elif run.updated_at < now - idle:
+                    found.append((run.updated_at, run))
+            found.sort(key=lambda since: since[0])
+            return [copy.copy(run) for _, run in found[:limit]]
 
     def step_start(self, run_id: str, step_id: str, node: str,
                    tags: tuple[str, ...] = (), *, kind: str = "compensatable"

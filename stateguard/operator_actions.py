@@ -33,6 +33,7 @@ from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
     CompensationStatus,
+    RunRecord,
     RunStatus,
     StepRecord,
     StepStatus,
@@ -467,55 +468,63 @@ class GuardOperations(GuardStreaming):
         ``"retry"``, ``ctx.error`` the run's error), skipping what was undone already."""
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            run = self._run_record(run_id)
-            check(Action.RECOVER, run.status, run=run_id)
-            # Against the checkpoint the dead process left: _finished may write the next one,
-            # whose new tasks never started.
-            self._reconcile(graph, graph.get_state(config), run_id)
-            passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
-            if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
-                # Died inside its pivot: neither unwinding nor running it again is safe.
-                return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
-            # Past its pivot a run only goes forward: resumed, the step in doubt run again.
-            resume = resume or passed is not None
-            if run.status == RunStatus.RUNNING and (resume or self._finished(graph, config)):
-                self.core.set_status(run_id, RunStatus.RUNNING)
-                return self._run(graph, None, config, {})
-            if run.status == RunStatus.RUNNING and self._pausing(graph, config, run_id):
-                # It died after pausing at a gate, before saying so: it waits for a decision.
-                self.core.set_status(run_id, RunStatus.PAUSED)
-                return None
-            return self._compensate(graph, config, run_id, *self._unwind_of(run),
-                                    reconcile=False)
+            return self._recover_held(graph, config, self._run_record(run_id), resume=resume)
+
+    def _recover_held(self, graph: Graph, config: RunnableConfig, run: RunRecord, *,
+                      resume: bool) -> Any:
+        """``recover``, the run's lease held (``run``: the run as read under it)."""
+        run_id = run.run_id
+        check(Action.RECOVER, run.status, run=run_id)
+        # Against the checkpoint the dead process left: _finished may write the next one,
+        # whose new tasks never started.
+        self._reconcile(graph, graph.get_state(config), run_id)
+        passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
+        if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
+            # Died inside its pivot: neither unwinding nor running it again is safe.
+            return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
+        # Past its pivot a run only goes forward: resumed, the step in doubt run again.
+        resume = resume or passed is not None
+        if run.status == RunStatus.RUNNING and (resume or self._finished(graph, config)):
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return self._run(graph, None, config, {})
+        if run.status == RunStatus.RUNNING and self._pausing(graph, config, run_id):
+            # It died after pausing at a gate, before saying so: it waits for a decision.
+            self.core.set_status(run_id, RunStatus.PAUSED)
+            return None
+        return self._compensate(graph, config, run_id, *self._unwind_of(run), reconcile=False)
 
     async def arecover(self, graph: Graph, config: RunnableConfig, *, resume: bool = False
                        ) -> Any:
         """``recover`` for a graph run with ``ainvoke`` (an async saver): the same rules."""
         run_id = self._known_run(graph, config)
         with self.core.lease(run_id):
-            run = self._run_record(run_id)
-            check(Action.RECOVER, run.status, run=run_id)
-            self._reconcile(graph, await graph.aget_state(config), run_id)
-            passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
-            if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
-                return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
-            resume = resume or passed is not None
-            if run.status == RunStatus.RUNNING and (resume or await self._afinished(graph,
-                                                                                    config)):
-                self.core.set_status(run_id, RunStatus.RUNNING)
-                return await self._arun(graph, None, config, {})
-            snapshot = await graph.aget_state(config)
-            if run.status == RunStatus.RUNNING and self._pausing_at(snapshot, run_id):
-                self.core.set_status(run_id, RunStatus.PAUSED)
-                return None
-            by, cause = self._unwind_of(run)
-            report = await self.core.aunwind(run_id, cause, triggered_by=by,
-                                             include_in_doubt=True,
-                                             fallback_state=state_values(snapshot.values))
-            await aanswer_tool_calls(graph, config, cause, report)
-            return report
+            return await self._arecover_held(graph, config, self._run_record(run_id),
+                                             resume=resume)
 
-    def _unwind_of(self, run: Any) -> tuple[str, Cause]:
+    async def _arecover_held(self, graph: Graph, config: RunnableConfig, run: RunRecord, *,
+                             resume: bool) -> Any:
+        run_id = run.run_id
+        check(Action.RECOVER, run.status, run=run_id)
+        self._reconcile(graph, await graph.aget_state(config), run_id)
+        passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
+        if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
+            return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
+        resume = resume or passed is not None
+        if run.status == RunStatus.RUNNING and (resume or await self._afinished(graph,
+                                                                                config)):
+            self.core.set_status(run_id, RunStatus.RUNNING)
+            return await self._arun(graph, None, config, {})
+        snapshot = await graph.aget_state(config)
+        if run.status == RunStatus.RUNNING and self._pausing_at(snapshot, run_id):
+            self.core.set_status(run_id, RunStatus.PAUSED)
+            return None
+        by, cause = self._unwind_of(run)
+        report = await self.core.aunwind(run_id, cause, triggered_by=by, include_in_doubt=True,
+                                         fallback_state=state_values(snapshot.values))
+        await aanswer_tool_calls(graph, config, cause, report)
+        return report
+
+    def _unwind_of(self, run: RunRecord) -> tuple[str, Cause]:
         """Who unwinds a recovered run, and why: the next round of compensations that wait
         (``RetryLater``), else the crash."""
         waiting = any(c.status == CompensationStatus.WAITING

@@ -140,6 +140,10 @@ class RunRecord:
     # A thread's turns (one invoke each) are sagas of their own: a turn that finished is
     # settled, and an unwind undoes the steps of the current turn only.
     turn: int = 1
+    # One more each time the lock passes to a new holder (never on a renewal or an extension
+    # by the same owner): who took the lock after a run was read can tell whether anyone else
+    # held it in between (``guard.sweep``). Journals that do not keep one leave it 0.
+    fencing_token: int = 0
 
 
 @dataclass(slots=True)

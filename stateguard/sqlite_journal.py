@@ -17,8 +17,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stateguard.effects import Effect, EffectRecord, EffectStatus, settled_status
-from stateguard.lifecycle import check_change
+from stateguard.effects import EffectRecord, settled_status
+from stateguard.journal_rows import (
+    dumps,
+    effect_from,
+    error_from,
+    error_json,
+    loads,
+    run_from,
+    step_from,
+)
+from stateguard.lifecycle import LIVE, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -31,7 +40,6 @@ from stateguard.records import (
     RunStatus,
     StepRecord,
     StepStatus,
-    json_default,
 )
 
 _SCHEMA = """
@@ -69,39 +77,33 @@ CREATE INDEX IF NOT EXISTS sg_effects_undoes ON sg_effects (provider, undoes);
 _ADDED_COLUMNS = (("sg_runs", "turn", "INTEGER NOT NULL DEFAULT 1"),
                   ("sg_steps", "turn", "INTEGER NOT NULL DEFAULT 1"),
                   ("sg_compensations", "retry_at", "REAL"),
-                  ("sg_steps", "kind", "TEXT NOT NULL DEFAULT 'compensatable'"))
+                  ("sg_steps", "kind", "TEXT NOT NULL DEFAULT 'compensatable'"),
+                  ("sg_runs", "fencing_token", "INTEGER NOT NULL DEFAULT 0"))
+_LIVE = ", ".join(f"'{status.value}'" for status in sorted(LIVE))
+# The runs no process drives (journal.AbandonedRunsJournal), with since when: their lock
+# expired; or no one holds them and they have not changed for a while, unless their
+# compensations wait for a round that has not come.
+_ABANDONED = """
+SELECT {columns} FROM (
+    SELECT r.*, CASE
+        WHEN r.lock_owner IS NOT NULL THEN CASE WHEN r.lock_expires < :now
+                                                THEN r.lock_expires END
+        WHEN w.first_due IS NOT NULL THEN CASE WHEN w.first_due <= :now THEN w.first_due END
+        WHEN r.updated_at < :now - :idle THEN r.updated_at END AS since
+    FROM sg_runs r LEFT JOIN (SELECT run_id, MIN(retry_at) AS first_due FROM sg_compensations
+                              WHERE status = 'waiting' GROUP BY run_id) w USING (run_id)
+    WHERE r.status IN ({live}))
+WHERE since IS NOT NULL ORDER BY since LIMIT :limit"""
 _EFFECT_COLUMNS = ("run_id, step_id, node, provider, kind, external_id, amount, currency, "
                    "idempotency_key, undoes, status, recorded_at")
 
 
-def _effect(row: tuple[Any, ...]) -> EffectRecord:
-    run_id, step_id, node, provider, kind, external_id, amount, currency, key, undoes, status, \
-        at = row
-    return EffectRecord(run_id, step_id, node,
-                        Effect(provider, kind, external_id, amount, currency, key, undoes),
-                        EffectStatus(status), at)
-
-
-def _dumps(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, default=json_default)
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _error(text: str | None) -> ErrorInfo | None:
-    return ErrorInfo.from_dict(_loads(text))
+_RUN_COLUMNS = ("run_id, status, error, lock_owner, lock_expires, created_at, updated_at, turn,"
+                " fencing_token")
 
 
 _STEP_COLUMNS = ("step_id, node, tags, status, attempt, started_at, finished_at, done_seq,"
                  " update_json, state_after, error, turn, kind")
-
-
-def _step(run_id: str, r: tuple[Any, ...]) -> StepRecord:
-    """A step from the columns of ``_STEP_COLUMNS``."""
-    return StepRecord(run_id, r[0], r[1], tuple(json.loads(r[2])), StepStatus(r[3]), r[4], r[5],
-                      r[6], r[7], _loads(r[8]), _loads(r[9]), _error(r[10]), r[11], r[12])
 
 
 class SqliteJournal:
@@ -154,12 +156,8 @@ class SqliteJournal:
 
     def run_get(self, run_id: str) -> RunRecord | None:
         row = self._db().execute(
-            "SELECT status, error, lock_owner, lock_expires, created_at, updated_at, turn"
-            " FROM sg_runs WHERE run_id = ?", (run_id,)).fetchone()
-        if row is None:
-            return None
-        return RunRecord(run_id, RunStatus(row[0]), _error(row[1]), row[2], row[3], row[4],
-                         row[5], row[6])
+            f"SELECT {_RUN_COLUMNS} FROM sg_runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else run_from(row)
 
     def run_set_status(self, run_id: str, status: RunStatus,
                        error: ErrorInfo | None = None) -> None:
@@ -173,7 +171,7 @@ class SqliteJournal:
             check_change(old, status, run=run_id)
             db.execute("UPDATE sg_runs SET status = ?, updated_at = ?,"
                        " error = CASE WHEN ? THEN error ELSE ? END WHERE run_id = ?",
-                       (status.value, now, keep_error, _dumps(error and error.to_dict()),
+                       (status.value, now, keep_error, error_json(error),
                         run_id))
 
     def run_next_turn(self, run_id: str) -> RunRecord:
@@ -202,9 +200,10 @@ class SqliteJournal:
             db.execute("INSERT OR IGNORE INTO sg_runs (run_id, status, created_at, updated_at)"
                        " VALUES (?, ?, ?, ?)", (run_id, RunStatus.RUNNING.value, now, now))
             cursor = db.execute(
-                "UPDATE sg_runs SET lock_owner = ?, lock_expires = ? WHERE run_id = ?"
+                "UPDATE sg_runs SET lock_owner = ?, lock_expires = ?, fencing_token ="
+                " fencing_token + (lock_owner IS NOT ?) WHERE run_id = ?"
                 " AND (lock_owner IS NULL OR lock_owner = ? OR lock_expires < ?)",
-                (owner, now + ttl, run_id, owner, now))
+                (owner, now + ttl, owner, run_id, owner, now))
             return cursor.rowcount == 1
 
     def lock_renew(self, run_id: str, owner: str, ttl: float) -> bool:
@@ -213,8 +212,16 @@ class SqliteJournal:
         return cursor.rowcount == 1
 
     def lock_release(self, run_id: str, owner: str) -> None:
-        self._db().execute("UPDATE sg_runs SET lock_owner = NULL, lock_expires = 0"
-                           " WHERE run_id = ? AND lock_owner = ?", (run_id, owner))
+        # A live run let go of is abandoned once it stays unchanged (runs_abandoned).
+        self._db().execute("UPDATE sg_runs SET lock_owner = NULL, lock_expires = 0,"
+                           " updated_at = ? WHERE run_id = ? AND lock_owner = ?",
+                           (time.time(), run_id, owner))
+
+    def runs_abandoned(self, *, idle: float, limit: int) -> list[RunRecord]:
+        now = time.time()
+        rows = self._db().execute(_ABANDONED.format(columns=_RUN_COLUMNS, live=_LIVE),
+                                  {"now": now, "idle": idle, "limit": limit}).fetchall()
+        return [run_from(r) for r in rows]
 
     # -- steps ------------------------------------------------------------------------------
     def step_start(self, run_id: str, step_id: str, node: str,
@@ -244,21 +251,21 @@ class SqliteJournal:
             "UPDATE sg_steps SET status = ?, finished_at = ?, update_json = ?, state_after = ?,"
             " error = ?, done_seq = CASE WHEN ? THEN (SELECT COALESCE(MAX(done_seq), 0) + 1"
             " FROM sg_steps WHERE run_id = ?) END WHERE run_id = ? AND step_id = ?",
-            (status.value, time.time(), _dumps(update), _dumps(state_after),
-             _dumps(error and error.to_dict()), with_effect, run_id, run_id, step_id))
+            (status.value, time.time(), dumps(update), dumps(state_after),
+             error_json(error), with_effect, run_id, run_id, step_id))
 
     def steps(self, run_id: str) -> list[StepRecord]:
         rows = self._db().execute(
             f"SELECT {_STEP_COLUMNS} FROM sg_steps WHERE run_id = ? ORDER BY started_at",
             (run_id,)).fetchall()
-        return [_step(run_id, r) for r in rows]
+        return [step_from(run_id, r) for r in rows]
 
     def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
         # The primary key (run_id, step_id): one row, whatever the run's length.
         row = self._db().execute(
             f"SELECT {_STEP_COLUMNS} FROM sg_steps WHERE run_id = ? AND step_id = ?",
             (run_id, step_id)).fetchone()
-        return _step(run_id, row) if row is not None else None
+        return step_from(run_id, row) if row is not None else None
 
     # -- compensations ----------------------------------------------------------------------
     def compensation_begin(self, record: CompensationRecord) -> CompensationRecord:
@@ -277,7 +284,7 @@ class SqliteJournal:
                        " finished_at, ok, result, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                        (run_id, step_id, attempt.number, attempt.started_at,
                         attempt.finished_at, attempt.ok, attempt.result,
-                        _dumps(attempt.error and attempt.error.to_dict())))
+                        error_json(attempt.error)))
             db.execute("UPDATE sg_compensations SET status = ?, retry_at = ? WHERE run_id = ?"
                        " AND step_id = ?", (status.value, retry_at, run_id, step_id))
 
@@ -288,7 +295,7 @@ class SqliteJournal:
                             " FROM sg_attempts WHERE run_id = ? ORDER BY step_id, number",
                             (run_id,)):
             attempts.setdefault(r[0], []).append(
-                AttemptRecord(r[1], r[2], r[3], bool(r[4]), r[5], _error(r[6])))
+                AttemptRecord(r[1], r[2], r[3], bool(r[4]), r[5], error_from(r[6])))
         rows = db.execute("SELECT step_id, node, idempotency_key, status, triggered_by,"
                           " retry_at FROM sg_compensations WHERE run_id = ?",
                           (run_id,)).fetchall()
@@ -300,7 +307,7 @@ class SqliteJournal:
         self._db().execute(
             "INSERT OR IGNORE INTO sg_approvals (run_id, step_id, node, payload, status,"
             " requested_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (record.run_id, record.step_id, record.node, _dumps(record.payload),
+            (record.run_id, record.step_id, record.node, dumps(record.payload),
              record.status.value, record.requested_at))
         return next(a for a in self.approvals(record.run_id) if a.step_id == record.step_id)
 
@@ -317,7 +324,7 @@ class SqliteJournal:
         rows = self._db().execute(
             "SELECT step_id, node, payload, status, decided_by, reason, requested_at, decided_at"
             " FROM sg_approvals WHERE run_id = ? ORDER BY requested_at", (run_id,)).fetchall()
-        return [ApprovalRecord(run_id, r[0], r[1], _loads(r[2]), ApprovalStatus(r[3]), r[4],
+        return [ApprovalRecord(run_id, r[0], r[1], loads(r[2]), ApprovalStatus(r[3]), r[4],
                                r[5], r[6], r[7]) for r in rows]
 
     # -- effects ----------------------------------------------------------------------------
@@ -329,13 +336,13 @@ class SqliteJournal:
                        (record.run_id, record.step_id, record.node, e.provider, e.kind,
                         e.external_id, e.amount, e.currency, e.idempotency_key, e.undoes,
                         record.status.value, record.recorded_at))
-            stored = _effect(db.execute(
+            stored = effect_from(db.execute(
                 f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND external_id = ?",
                 record.key).fetchone())
             # Settle what it undoes, and itself (effects undoing it may have come first).
             for external_id in filter(None, (stored.effect.undoes, stored.effect.external_id)):
                 self._settle(db, e.provider, external_id)
-            return _effect(db.execute(
+            return effect_from(db.execute(
                 f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND external_id = ?",
                 record.key).fetchone())
 
@@ -345,14 +352,14 @@ class SqliteJournal:
                          "external_id = ?", (provider, external_id)).fetchone()
         if row is None:
             return
-        undoing = [_effect(r).effect for r in db.execute(
+        undoing = [effect_from(r).effect for r in db.execute(
             f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE provider = ? AND undoes = ?",
             (provider, external_id))]
-        status = settled_status(_effect(row).effect, undoing)
+        status = settled_status(effect_from(row).effect, undoing)
         db.execute("UPDATE sg_effects SET status = ? WHERE provider = ? AND external_id = ?",
                    (status.value, provider, external_id))
 
     def effects(self, run_id: str) -> list[EffectRecord]:
         rows = self._db().execute(f"SELECT {_EFFECT_COLUMNS} FROM sg_effects WHERE run_id = ? "
                                   "ORDER BY recorded_at", (run_id,)).fetchall()
-        return [_effect(r) for r in rows]
+        return [effect_from(r) for r in rows]

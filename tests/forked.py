@@ -34,6 +34,7 @@ PRELOAD = ["langgraph.graph", "langgraph.prebuilt", "langgraph.func", "langchain
            "langchain_core.tools", "langsmith", "pydantic", "stripe", "psycopg", "redis",
            "celery", "kombu", "billiard", "django.db.models",
            "tests.core.procs", "tests.core.tool_procs", "tests.core.func_procs",
+           "tests.core.sweep_procs", "stateguard.cli",
            "tests.web.func_procs", "tests.web.tool_procs"]
 
 _CONTEXT = multiprocessing.get_context("forkserver")

@@ -13,9 +13,10 @@ EXPECTED = {
     "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key", "record_effect",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
+    "LeaseLost",
     "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",
     "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepKind",
-    "StepStatus",
+    "StepStatus", "SweepReport",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 

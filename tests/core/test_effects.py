@@ -73,12 +73,13 @@ def test_it_records_an_effect_once_however_often_it_is_found() -> None:
     assert len(journal.effects("r")) == 1
 
 
-@pytest.mark.parametrize("journal_kind", ["memory", "sqlite"])
+@pytest.mark.parametrize("journal_kind", ["memory", "sqlite", "postgres"])
 def test_it_settles_a_charge_whose_refund_was_recorded_first(
-        journal_kind: str, tmp_path: Path) -> None:
+        journal_kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     # A reconciliation may find the refund before it knows the charge.
     journal = InMemoryJournal() if journal_kind == "memory" else SqliteJournal(
-        tmp_path / "j.db")
+        tmp_path / "j.db") if journal_kind == "sqlite" else request.getfixturevalue(
+        "pg_journal")
     refund = journal.effect_record(EffectRecord(
         "r", "s1", "charge", Effect("stripe", "refund", "re_1", amount=60, undoes="pi_1")))
     charge = journal.effect_record(EffectRecord(

@@ -17,6 +17,7 @@ from stateguard import (
     SqliteJournal,
     StepStatus,
 )
+from stateguard.postgres_journal import PostgresJournal
 from tests.core.support import FAST_RETRY, undo
 
 
@@ -51,8 +52,11 @@ def test_it_stops_at_a_violating_step_and_compensates_it() -> None:
     assert isinstance(caught.value.cause, InvariantViolation)
 
 
-def test_it_succeeds_and_journals_every_step(tmp_path: Path) -> None:
-    journal = SqliteJournal(tmp_path / "j.db")
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_it_succeeds_and_journals_every_step(kind: str, tmp_path: Path,
+                                             request: pytest.FixtureRequest) -> None:
+    journal = SqliteJournal(tmp_path / "j.db") if kind == "sqlite" else \
+        request.getfixturevalue("pg_journal")
     with GuardedState({"n": 0}, run_id="g3", journal=journal) as saga:
         saga.step("one", lambda s: {"n": s["n"] + 1})
         saga.step("two", lambda s: {"n": s["n"] + 1})
@@ -68,18 +72,25 @@ def test_it_rejects_a_step_that_returns_no_dict() -> None:
         saga.step("bad", lambda s: 42)
 
 
-def test_it_recovers_a_run_left_in_doubt_from_another_guard(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_it_recovers_a_run_left_in_doubt_from_another_guard(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     log: list[str] = []
     # What a process that died inside step "b" leaves behind: its expired lease, step "a"
     # done, step "b" started.
-    journal = SqliteJournal(tmp_path / "j.db")
+    if kind == "sqlite":
+        journal, other = SqliteJournal(tmp_path / "j.db"), SqliteJournal(tmp_path / "j.db")
+    else:  # the same schema, as another process opens it
+        journal = request.getfixturevalue("pg_journal")
+        other = PostgresJournal(request.getfixturevalue("pg_journal_db"), schema=journal.schema)
+        request.addfinalizer(other.close)
     journal.lock_acquire("g5", "dead-process", 0.01)
     journal.step_start("g5", "1:a", "a")
     journal.step_finish("g5", "1:a", StepStatus.SUCCEEDED, state_after={"a": 1})
     journal.step_start("g5", "2:b", "b")
     time.sleep(0.02)
 
-    second = GuardedState(run_id="g5", journal=SqliteJournal(tmp_path / "j.db"),
+    second = GuardedState(run_id="g5", journal=other,
                           compensations={"a": undo(log, "a"), "b": undo(log, "b")})
     report = second.compensate(by="recovery", reason="crash")
     assert log == ["undo:a"]

@@ -1,4 +1,4 @@
-"""The rules every Journal keeps (stateguard/journal.py), checked on both shipped journals.
+"""The rules every Journal keeps (stateguard/journal.py), checked on each shipped journal.
 The Django journal runs the same rules in tests/web/test_journal.py."""
 
 from __future__ import annotations
@@ -10,26 +10,29 @@ from pathlib import Path
 import pytest
 
 from stateguard import InMemoryJournal, Journal, SqliteJournal
-from stateguard.journal import StepLookupJournal, find_step
+from stateguard.journal import AbandonedRunsJournal, StepLookupJournal, find_step
 from stateguard.records import (
     ApprovalRecord,
     ApprovalStatus,
     AttemptRecord,
     CompensationRecord,
     CompensationStatus,
+    RunStatus,
     StepStatus,
 )
 
-Factory = Callable[[Path], Journal]
+Factory = Callable[[pytest.FixtureRequest, Path], Journal]
 JOURNALS: dict[str, Factory] = {
-    "in-memory": lambda tmp: InMemoryJournal(),
-    "sqlite": lambda tmp: SqliteJournal(tmp / "journal.db"),
+    "in-memory": lambda request, tmp: InMemoryJournal(),
+    "sqlite": lambda request, tmp: SqliteJournal(tmp / "journal.db"),
+    # A schema of the test's own in its pytest-xdist worker's database (conftest.py).
+    "postgres": lambda request, tmp: request.getfixturevalue("pg_journal"),
 }
 
 
 @pytest.fixture(params=list(JOURNALS))
 def journal(request: pytest.FixtureRequest, tmp_path: Path) -> Journal:
-    return JOURNALS[request.param](tmp_path)
+    return JOURNALS[request.param](request, tmp_path)
 
 
 def test_it_gives_a_lock_to_one_owner_at_a_time(journal: Journal) -> None:
@@ -157,3 +160,61 @@ def test_it_finds_a_step_in_a_journal_without_step_get_by_reading_its_steps() ->
     step = find_step(journal, "r", "t1")  # type: ignore[arg-type]
     assert step is not None and step.node == "charge"
     assert find_step(journal, "r", "t2") is None  # type: ignore[arg-type]
+
+
+def test_it_gives_each_new_holder_of_a_lock_the_next_fencing_token(journal: Journal) -> None:
+    def token() -> int:
+        run = journal.run_get("r")
+        assert run is not None
+        return run.fencing_token
+
+    assert journal.lock_acquire("r", "a", 0.05)
+    first = token()
+    assert journal.lock_acquire("r", "a", 0.05) and journal.lock_renew("r", "a", 0.05)
+    assert token() == first  # extended and renewed by its holder: no new holder
+    time.sleep(0.06)
+    assert journal.lock_acquire("r", "b", 10)
+    assert token() == first + 1  # taken over
+    assert not journal.lock_acquire("r", "a", 10)
+    assert token() == first + 1  # a refused take changes nothing
+    journal.lock_release("r", "b")
+    assert journal.lock_acquire("r", "b", 10)
+    assert token() == first + 2  # let go of, then taken again (even by the same name)
+
+
+def _waiting(journal: Journal, run_id: str, retry_at: float) -> None:
+    """A compensating run let go of, its one compensation waiting for ``retry_at``."""
+    assert journal.lock_acquire(run_id, "worker", 30)
+    journal.step_start(run_id, "s", "charge")
+    journal.step_finish(run_id, "s", StepStatus.SUCCEEDED)
+    journal.run_set_status(run_id, RunStatus.COMPENSATING)
+    journal.compensation_begin(CompensationRecord(run_id, "s", "charge", "key"))
+    journal.compensation_attempt(run_id, "s", AttemptRecord(1, 1.0, 2.0, False),
+                                 CompensationStatus.WAITING, retry_at=retry_at)
+    journal.lock_release(run_id, "worker")
+
+
+def test_it_lists_the_live_runs_no_process_drives_longest_abandoned_first(
+        journal: Journal) -> None:
+    assert isinstance(journal, AbandonedRunsJournal)
+    _waiting(journal, "due", time.time() - 1)  # its next round has come
+    _waiting(journal, "later", time.time() + 3600)  # waits: not abandoned, however idle
+    assert journal.lock_acquire("let-go", "w", 30)  # live, its process let go (cancelled)
+    journal.lock_release("let-go", "w")
+    assert journal.lock_acquire("dead", "w", 0.05)  # its holder stopped renewing
+    assert journal.lock_acquire("held", "w", 30)  # its holder renews it
+    for settled in (RunStatus.SUCCEEDED, RunStatus.PAUSED):  # no process owes them anything
+        assert journal.lock_acquire(str(settled), "w", 0.05)
+        journal.run_set_status(str(settled), settled)
+    time.sleep(0.06)
+
+    def listed(idle: float, limit: int = 10) -> list[str]:
+        return [r.run_id for r in journal.runs_abandoned(idle=idle, limit=limit)]
+
+    assert listed(idle=30) == ["due", "dead"]  # let-go changed less than 30 s ago
+    assert listed(idle=0) == ["due", "let-go", "dead"]
+    assert listed(idle=0, limit=2) == ["due", "let-go"]
+    (dead,) = [r for r in journal.runs_abandoned(idle=30, limit=10) if r.run_id == "dead"]
+    assert (dead.status, dead.lock_owner) == (RunStatus.RUNNING, "w")
+    assert journal.lock_acquire("dead", "sweeper", 30)  # taken over: driven again
+    assert listed(idle=30) == ["due"]

@@ -54,12 +54,13 @@ def test_it_allows_the_change_each_action_makes_from_each_of_its_statuses() -> N
     assert set(CHANGES) == set(RunStatus)
 
 
-@pytest.mark.parametrize("make", [lambda tmp: InMemoryJournal(),
-                                  lambda tmp: SqliteJournal(tmp / "j.db")],
-                         ids=["in-memory", "sqlite"])
+@pytest.mark.parametrize("make", [lambda request, tmp: InMemoryJournal(),
+                                  lambda request, tmp: SqliteJournal(tmp / "j.db"),
+                                  lambda request, tmp: request.getfixturevalue("pg_journal")],
+                         ids=["in-memory", "sqlite", "postgres"])
 def test_each_journal_refuses_a_change_of_status_the_table_does_not_allow(
-        make: Any, tmp_path: Path) -> None:
-    journal: Journal = make(tmp_path)
+        make: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    journal: Journal = make(request, tmp_path)
     journal.run_begin("r")
     journal.run_set_status("r", RunStatus.SUCCEEDED)
     with pytest.raises(InvalidRunState, match="cannot go from succeeded to paused"):
