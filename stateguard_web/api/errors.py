@@ -225,6 +225,12 @@ def install(api: NinjaAPI) -> None:
                 409: "not_allowed_now", 413: "body_too_large"}.get(exc.status_code, "error")
         return _error(api, request, exc.status_code, code, exc.message)
 
+    @on(MalformedBody)
+    def malformed(request: HttpRequest, exc: MalformedBody) -> HttpResponse:
+        # A view that reads its body itself (POST /api/runs/{code}/retry: the body optional)
+        # meets the parser's error unwrapped.
+        return _error(api, request, 400, "malformed_json", str(exc))
+
     @on(Exception)
     def internal(request: HttpRequest, exc: Exception) -> HttpResponse:
         logger.exception("API %s %s failed", request.method, request.path, exc_info=exc)

@@ -44,6 +44,14 @@ class BadInputTests(World):
                                     HTTP_AUTHORIZATION=f"Bearer {self.keys['alice']}")
         assert (response.status_code, response.json()["code"]) == (400, "malformed_json")
 
+    def test_a_retry_with_a_body_that_is_not_json_is_a_400(self) -> None:
+        # The retry reads its optional body itself (found by the schema fuzz: it was a 500).
+        for body in ["\x00", "{not json", "[" * 100_000]:
+            with self.subTest(body=body[:10]):
+                self.check("charlie", "POST", f"/api/runs/{self.failed.code}/retry", body, 400,
+                           "malformed_json")
+        assert self.failed.__class__.objects.get(pk=self.failed.pk).status == "failed"
+
     def test_it_refuses_a_body_over_the_limit_with_413(self) -> None:
         big = json.dumps({"agent": "provision", "input": {"name": "x" * 1_100_000}})
         self.check("alice", "POST", "/api/runs", big, 413, "body_too_large")
