@@ -40,15 +40,30 @@ OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
 
 
 @dataclass(frozen=True, kw_only=True)
+class AwsSettings:
+    """Where the agents' AWS calls go (``agents/aws.py`` makes the clients): ``endpoint_url``
+    is a local stand-in (moto's server under ``make run`` and the tests), or None for AWS
+    itself; keys None leave the credentials to boto3's own chain (an instance role, say)."""
+
+    region: str
+    endpoint_url: str | None
+    access_key_id: str | None = field(repr=False)
+    secret_access_key: str | None = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """What the deployment tells its agents. The web app builds it from Django settings
-    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``); a script or a test
-    builds its own. No defaults here: the deployment's settings are the one place for them.
-    Secrets stay out of the repr, which logs and tracebacks print."""
+    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``, ``AWS_*``); a script
+    or a test builds its own. No defaults here (the deployment's settings are the one place for
+    them), but for ``aws``: None says this deployment gives its agents no AWS, and an agent
+    that needs it refuses to be built. Secrets stay out of the repr, which logs and tracebacks
+    print."""
 
     stripe_api_key: str = field(repr=False)
     stripe_api_base: str
     sandbox_dir: Path
+    aws: AwsSettings | None = None
     # Agent name -> the options the deployment gives it (STATEGUARD_AGENT_OPTIONS): the
     # addresses, keys and switches an agent of a team's own needs. Out of the repr: secrets.
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)

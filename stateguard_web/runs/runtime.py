@@ -25,7 +25,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from agents import registry
-from agents.registry import AgentSettings, AgentSpec
+from agents.registry import AgentSettings, AgentSpec, AwsSettings
 from stateguard import RetryLater, StateGuardCheckpointer
 from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
@@ -78,6 +78,10 @@ def agent_settings() -> AgentSettings:
     return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
                          stripe_api_base=settings.STRIPE_API_BASE,
                          sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
+                         aws=AwsSettings(region=settings.AWS_REGION,
+                                         endpoint_url=settings.AWS_ENDPOINT_URL,
+                                         access_key_id=settings.AWS_ACCESS_KEY_ID,
+                                         secret_access_key=settings.AWS_SECRET_ACCESS_KEY),
                          options=settings.STATEGUARD_AGENT_OPTIONS)
 
 
@@ -137,8 +141,8 @@ def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
     if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
-                   "STATEGUARD_ON_CRASH") or setting.startswith(
-                       "STATEGUARD_COMPENSATION_RETRY_LATER_"):
+                   "STATEGUARD_ON_CRASH", "STATEGUARD_AGENT_OPTIONS") or setting.startswith(
+                       ("STATEGUARD_COMPENSATION_RETRY_LATER_", "AWS_")):
         _guard.cache_clear()
         _spec.cache_clear()
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests import forked
+from tests.aws_world import AwsWorld
 from tests.conftest import _free_port, _port_answers
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -95,8 +96,20 @@ def _close_checkpoint_connection(django_db_setup: None) -> Iterator[None]:
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A sandbox folder for the provision agent, in this process and in workers."""
+def aws(aws: AwsWorld, settings: Any) -> AwsWorld:
+    """The local AWS (tests/conftest.py), named by this process's Django settings too: the
+    agents built here after it talk to it, as the processes started with the environment do."""
+    settings.AWS_ENDPOINT_URL = aws.settings.endpoint_url
+    settings.AWS_REGION = aws.settings.region
+    settings.AWS_ACCESS_KEY_ID = aws.settings.access_key_id
+    settings.AWS_SECRET_ACCESS_KEY = aws.settings.secret_access_key
+    return aws
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aws: AwsWorld) -> Path:
+    """The agents' world, in this process and in workers: a sandbox folder (the travel
+    agent's) and an empty local AWS (the provision agent's, ``aws``)."""
     path = tmp_path / "sandbox"
     monkeypatch.setenv("STATEGUARD_SANDBOX_DIR", str(path))
     return path
@@ -109,9 +122,10 @@ def new_run() -> str:
     return str(Run.objects.create(agent="test").code)
 
 
-def effects(sandbox: Path) -> list[str]:
-    log = sandbox / "effects.log"
-    return log.read_text().split() if log.exists() else []
+def ledger(run: Any) -> list[str]:
+    """What the ledger says a run did to the world, in order: ``instance``, ``termination``,
+    ..."""
+    return list(run.effects.order_by("recorded_at", "pk").values_list("kind", flat=True))
 
 
 class Workers:

@@ -13,6 +13,7 @@ import stripe
 from agents import registry
 from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Compensation, Run
+from tests.aws_world import AwsWorld
 from tests.conftest import STRIPE_TEST_KEY
 from tests.web.api.world import make_user
 from tests.web.conftest import AGENT_INPUTS
@@ -27,7 +28,7 @@ def test_it_knows_an_input_for_every_registered_agent() -> None:
 @pytest.mark.parametrize("agent", sorted(AGENT_INPUTS))
 def test_it_compensates_a_succeeded_run_of_every_agent(
         agent: str, transactional_db: None, settings: Any, tmp_path: Path,
-        localstripe_url: str, stripe_client: stripe.StripeClient) -> None:
+        localstripe_url: str, stripe_client: stripe.StripeClient, aws: AwsWorld) -> None:
     settings.STRIPE_API_KEY, settings.STRIPE_API_BASE = STRIPE_TEST_KEY, localstripe_url
     settings.STATEGUARD_SANDBOX_DIR = str(tmp_path)
     settings.STATEGUARD_BENCH_AGENTS = True
