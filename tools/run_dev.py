@@ -11,6 +11,7 @@
    a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
    supervisor exits 0 (make, after Ctrl-C, then dies of the SIGINT itself: status 130), and if
    the supervisor is killed outright they stop by themselves (tools/supervise.py).
+   It also starts moto's server (a local AWS API for the provision agent, in memory) on 8430.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ PROCFILE = "Procfile.dev"
 PASSWORD_FILE = ROOT / "var" / "admin-password.txt"
 DASHBOARD_URL = "http://127.0.0.1:8000/"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
+# The providers' local stand-ins that Procfile.dev starts, beside PORTS: moto's server is the
+# AWS the agents talk to unless settings say otherwise (AWS_ENDPOINT_URL's default).
+STAND_INS = {8430: "aws (moto)"}
 # Whatever answers on one of these is not this stack's: another `make run` (maybe from another
 # checkout), or a process one left behind. Using it would mix that one's queue and data in.
 PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 6390: "embedded Redis"}
@@ -74,7 +78,8 @@ def _ensure_admin() -> str:
 
 def main() -> int:
     os.chdir(ROOT)
-    busy = [f"{port} ({what})" for port, what in PORTS.items() if _port_in_use(port)]
+    busy = [f"{port} ({what})" for port, what in {**PORTS, **STAND_INS}.items()
+            if _port_in_use(port)]
     if busy:
         print(f"run_dev: port in use on 127.0.0.1: {', '.join(busy)}; stop what listens there "
               "(`ss -ltnp` names it) and try again", file=sys.stderr)
