@@ -163,7 +163,8 @@ def run_id(config: RunnableConfig) -> str:
 
 
 ENTRY_POINT_GROUP = "stateguard.agents"
-_BUILT_IN = ("agents.checkout", "agents.noop", "agents.provision", "agents.travel")
+_BUILT_IN = ("agents.checkout", "agents.cleanup", "agents.noop", "agents.provision",
+             "agents.travel")
 _modules: tuple[str, ...] = ()
 _loaded: set[str] = set()
 _complete = False  # every source imported: names() and get() are asked on every request

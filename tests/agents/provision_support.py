@@ -1,5 +1,6 @@
-"""The provision agent on the local AWS (the ``aws`` fixture), guarded as a script would guard
-it: for tests/agents/test_provision*.py and their crash program (``provision_procs``)."""
+"""The agents that call AWS on the local AWS (the ``aws`` fixture), guarded as a script would
+guard them: for tests/agents/test_provision*.py, test_cleanup.py and their crash program
+(``aws_procs``)."""
 
 from __future__ import annotations
 
@@ -15,16 +16,21 @@ NOTHING: dict[str, list[str]] = {"groups": [], "instances": [], "addresses": [],
 UNDO_KINDS = ["deletion", "release", "termination", "deletion"]  # newest first: record, ...
 
 
-def provision(aws: AwsSettings, **options: Any) -> AgentSpec:
-    return registry.get("provision", AgentSettings(
+def agent_spec(agent: str, aws: AwsSettings, **options: Any) -> AgentSpec:
+    """``agent``'s spec on the AWS ``aws`` names, with ``options`` for it."""
+    return registry.get(agent, AgentSettings(
         stripe_api_key="sk_test_unused", stripe_api_base="http://127.0.0.1:9",
         sandbox_dir=Path("/nonexistent"), aws=aws,
-        options={"provision": options} if options else {}))
+        options={agent: options} if options else {}))
 
 
-def in_memory(aws: AwsSettings) -> tuple[StateGuardCheckpointer, Any]:
+def provision(aws: AwsSettings, **options: Any) -> AgentSpec:
+    return agent_spec("provision", aws, **options)
+
+
+def in_memory(aws: AwsSettings, agent: str = "provision") -> tuple[StateGuardCheckpointer, Any]:
     """A guard on LangGraph's in-memory saver and journal, and the agent compiled by it."""
-    spec = provision(aws)
+    spec = agent_spec(agent, aws)
     guard = StateGuardCheckpointer(**spec.guard_kwargs())
     return guard, guard.compile(spec.build())
 

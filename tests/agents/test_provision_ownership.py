@@ -5,6 +5,7 @@ what no run owns (made by hand) is never adopted nor removed. Counted through th
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -22,9 +23,9 @@ from tests import forked
 from tests.agents.provision_support import (
     NODES,
     NOTHING,
+    agent_spec,
     in_memory,
     ledger,
-    provision,
     run,
     server,
     undone,
@@ -115,20 +116,24 @@ def test_it_never_adopts_nor_removes_a_dns_record_that_no_run_owns(aws: AwsWorld
     assert hand_made in sets
 
 
-def crash(tmp_path: Path, thread: str, name: str, die_at: str) -> None:
-    """Run provision ``name`` in a process of its own that dies where ``die_at`` says."""
+def crash(tmp_path: Path, thread: str, name: str, die_at: str, *, agent: str = "provision",
+          data: dict[str, Any] | None = None) -> None:
+    """Run ``agent`` (provision ``name``, or ``data``) in a process of its own that dies where
+    ``die_at`` says (tests/agents/aws_procs.py)."""
     outputs = tmp_path / ".procs"
-    proc = forked.start("tests.agents.provision_procs", str(tmp_path), thread, name, die_at,
+    proc = forked.start("tests.agents.aws_procs", str(tmp_path), thread, agent,
+                        json.dumps(data or {"name": name}), die_at,
                         out=forked.new_file(outputs, ".out"),
                         err=forked.new_file(outputs, ".err"), env=dict(os.environ))
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 137, err
 
 
-def recover(tmp_path: Path, thread: str, aws: AwsWorld, *, resume: bool = False) -> Any:
+def recover(tmp_path: Path, thread: str, aws: AwsWorld, *, resume: bool = False,
+            agent: str = "provision") -> Any:
     """Recover the dead run as the sweeper would (unwind it, or with ``resume`` run it on);
-    the report (or the final state), and the journal's status of each step."""
-    spec = provision(aws.settings)
+    the report (or the final state), and the run's ledger."""
+    spec = agent_spec(agent, aws.settings)
     with closing(sqlite3.connect(tmp_path / "checkpoints.db", check_same_thread=False)) as conn:
         guard = StateGuardCheckpointer(SqliteSaver(conn),
                                        journal=SqliteJournal(tmp_path / "journal.db"),

@@ -38,7 +38,18 @@ AGENT_INPUTS: dict[str, dict[str, Any]] = {
     "travel": {"email": "alice@example.com", "destination": "Lisbon", "nights": 2,
                "amount": 42_00},
     "noop5": {"n": 1},
+    "cleanup": {"bucket": "files", "key": "notes.txt"},
 }
+
+
+def agent_world(agent: str, aws: AwsWorld) -> None:
+    """What ``agent``'s input in AGENT_INPUTS needs to exist in the world: the cleanup agent's
+    file, in a bucket with versioning on."""
+    if agent == "cleanup":
+        aws.s3.create_bucket(Bucket="files")
+        aws.s3.put_bucket_versioning(Bucket="files",
+                                     VersioningConfiguration={"Status": "Enabled"})
+        aws.s3.put_object(Bucket="files", Key="notes.txt", Body=b"keep me")
 
 
 def _manage_py(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,11 +99,20 @@ def sqlite_url(_sqlite_migrated: Path, tmp_path: Path) -> str:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _close_checkpoint_connection(django_db_setup: None) -> Iterator[None]:
+def _close_checkpoint_connection(django_db_setup: None,
+                                 django_db_blocker: Any) -> Iterator[None]:
     yield
+    from django.db import connection
+
     from stateguard_web.runs import runtime
 
     runtime.close()  # else the test database cannot be dropped: "being accessed by others"
+    # So does the connection of a guard's lease heartbeat, a thread of this process with a
+    # connection of its own, once a run in this process lasted past a renewal.
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND pid <> pg_backend_pid() AND backend_type = "
+                       "'client backend'")
 
 
 @pytest.fixture

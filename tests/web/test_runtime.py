@@ -41,10 +41,7 @@ def test_it_hands_each_agent_the_aws_region_its_settings_name(aws: AwsWorld) -> 
     # is the one the next agent built uses, whatever the environment says (us-east-1 here).
     assert os.environ["AWS_REGION"] == "us-east-1"
     for region in ("eu-west-1", "ap-south-1"):
-        # A lease longer than the run: a renewal would leave the heartbeat thread's database
-        # connection open in this process, and the test database could not be dropped.
-        with override_settings(AWS_REGION=region, STATEGUARD_LEASE_SECONDS=120,
-                               STATEGUARD_LEASE_RENEW_SECONDS=60):
+        with override_settings(AWS_REGION=region):
             run = Run.objects.create(agent="provision", input={"name": f"web-{region}"})
             guard, graph, _ = runtime.guard_for("provision")
             guard.invoke(graph, {"name": f"web-{region}"}, runtime.config_for(run.thread_id))

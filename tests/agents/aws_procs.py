@@ -1,8 +1,8 @@
-"""A provision run that dies inside a step, after its AWS effect, in a process of its own
-(forked warm by ``tests.forked``), on a SQLite journal and saver in DIR, so that another
-process can recover it.
+"""A run of an agent that calls AWS (provision, cleanup) that dies inside a step, after its AWS
+effect, in a process of its own (forked warm by ``tests.forked``), on a SQLite journal and
+saver in DIR, so that another process can recover it.
 
-    python -m tests.agents.provision_procs DIR THREAD NAME DIE_AT
+    python -m tests.agents.aws_procs DIR THREAD AGENT INPUT_JSON DIE_AT
 
 DIE_AT ``ledger:<kind>``: the process ends (``os._exit(137)``) as the step records its effect
 of that kind in the ledger: the resource exists, nothing about it was saved.
@@ -12,6 +12,7 @@ fixture sets ``AWS_ENDPOINT_URL``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import sys
@@ -23,7 +24,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from agents.registry import AwsSettings
 from stateguard import SqliteJournal, StateGuardCheckpointer, StepStatus
 from stateguard.effects import EffectRecord
-from tests.agents.provision_support import provision
+from tests.agents.provision_support import agent_spec
 
 
 def env_aws() -> AwsSettings:
@@ -52,12 +53,12 @@ class Dies(SqliteJournal):
 
 
 def main() -> None:
-    directory, thread, name, die_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
-    spec = provision(env_aws())
+    directory, thread, agent, data, die_at = Path(sys.argv[1]), *sys.argv[2:6]
+    spec = agent_spec(agent, env_aws())
     saver = SqliteSaver(sqlite3.connect(directory / "checkpoints.db", check_same_thread=False))
     guard = StateGuardCheckpointer(saver, journal=Dies(directory / "journal.db", die_at),
                                    lease_ttl=1.0, **spec.guard_kwargs())
-    guard.invoke(guard.compile(spec.build()), {"name": name},
+    guard.invoke(guard.compile(spec.build()), json.loads(data),
                  {"configurable": {"thread_id": thread}})
     sys.exit(0)  # not reached: the run dies where DIE_AT says
 
