@@ -18,7 +18,7 @@ same version id. So:
 
 Each delete marker and each removal goes into the effect ledger. Options
 (``STATEGUARD_AGENT_OPTIONS={"cleanup": {"buckets": [...]}}``): the buckets the agent may delete
-from; required when it talks to AWS itself, any bucket under the local stand-in.
+from; with AWS itself none until named, any bucket of the local stand-in.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ class Cleaner:
         where = f"s3://{bucket}/{key}"
         if self.buckets is not None and bucket not in self.buckets:
             raise CleanupFailed(f"bucket {bucket} is not one this deployment lets the agent "
-                                f"delete from ({', '.join(sorted(self.buckets))})")
+                                f"delete from ({', '.join(sorted(self.buckets)) or 'none'}: "
+                                'STATEGUARD_AGENT_OPTIONS={"cleanup": {"buckets": [...]}})')
         versioning = self.s3.get_bucket_versioning(Bucket=bucket).get("Status")
         if versioning != "Enabled":
             raise CleanupFailed(f"versioning is {(versioning or 'off').lower()} on bucket "
@@ -221,12 +222,8 @@ def _buckets(options: Any, aws: AwsSettings) -> frozenset[str] | None:
         raise ConfigurationError(f"agent 'cleanup': unknown options {sorted(unknown)} in "
                                  "STATEGUARD_AGENT_OPTIONS (it takes buckets)")
     buckets = options.get("buckets")
-    if buckets is None:
-        if aws.endpoint_url is None:
-            raise ConfigurationError(
-                "agent 'cleanup' talks to AWS itself: name the buckets it may delete from, "
-                'STATEGUARD_AGENT_OPTIONS={"cleanup": {"buckets": ["..."]}}')
-        return None
+    if buckets is None:  # any bucket of the stand-in; with AWS itself, none until named
+        return None if aws.endpoint_url else frozenset()
     if not isinstance(buckets, list) or not all(
             isinstance(b, str) and _BUCKET.match(b) for b in buckets):
         raise ConfigurationError(f"agent 'cleanup': option buckets {buckets!r} is not a list "

@@ -39,7 +39,7 @@ instead of unwinding it.
 
 Options (``STATEGUARD_AGENT_OPTIONS={"provision": {...}}``): ``zone``, the DNS zone the records
 go in (default ``stateguard.test``), and ``image_id``, the AMI to launch (default: one of
-moto's; required when the agent talks to AWS itself).
+moto's; with AWS itself, none: its runs fail before any effect until one is named).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _record_id(fqdn: str, run: str) -> str:
 class Provisioner:
     """The agent's nodes and compensations, on one AWS account and region."""
 
-    def __init__(self, aws: AwsSettings, *, image_id: str, zone: str) -> None:
+    def __init__(self, aws: AwsSettings, *, image_id: str | None, zone: str) -> None:
         self.aws, self.image_id, self.zone = aws, image_id, zone
 
     @cached_property
@@ -169,6 +169,11 @@ class Provisioner:
     def create_group(self, state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
         _before(state, "create_group")
         name, run = state["name"], run_id(config)
+        if self.image_id is None:  # before any effect: a run could not launch its instance
+            raise ProvisioningFailed(
+                "this deployment talks to AWS itself and names no AMI to launch: set "
+                'STATEGUARD_AGENT_OPTIONS={"provision": {"image_id": "ami-..."}} (one of '
+                "your region's)")
         try:
             group_id = self.ec2.create_security_group(
                 GroupName=group_name(name), Description=f"StateGuard server {name}",
@@ -380,8 +385,10 @@ def record_names_the_address(state: dict[str, Any]) -> bool:
 _ZONE = re.compile(r"^(?=.{1,200}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$")
 
 
-def _options(options: Mapping[str, Any], aws: AwsSettings) -> tuple[str, str]:
-    """The image and the zone, from the deployment's options for the agent, checked."""
+def _options(options: Mapping[str, Any], aws: AwsSettings) -> tuple[str | None, str]:
+    """The image and the zone, from the deployment's options for the agent, checked. No image
+    with AWS itself builds the agent (a deployment that never runs it need not name one); its
+    runs then fail before any effect, saying what to set."""
     if unknown := set(options) - {"image_id", "zone"}:
         raise ConfigurationError(f"agent 'provision': unknown options {sorted(unknown)} in "
                                  "STATEGUARD_AGENT_OPTIONS (it takes image_id and zone)")
@@ -390,11 +397,8 @@ def _options(options: Mapping[str, Any], aws: AwsSettings) -> tuple[str, str]:
         raise ConfigurationError(f"agent 'provision': option zone {zone!r} is not a DNS name "
                                  "(like stateguard.example.com)")
     image = options.get("image_id", LOCAL_IMAGE if aws.endpoint_url else None)
-    if image is None:
-        raise ConfigurationError("agent 'provision' talks to AWS itself: give it the AMI to "
-                                 'launch, STATEGUARD_AGENT_OPTIONS={"provision": {"image_id": '
-                                 '"ami-..."}} (one of your region\'s)')
-    if not isinstance(image, str) or not re.fullmatch(r"ami-[0-9a-f]{8,17}", image):
+    if image is not None and not (isinstance(image, str)
+                                  and re.fullmatch(r"ami-[0-9a-f]{8,17}", image)):
         raise ConfigurationError(f"agent 'provision': option image_id {image!r} is not an "
                                  "AMI id (ami-0123456789abcdef0)")
     return image, zone

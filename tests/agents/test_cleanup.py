@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from agents.cleanup import Cleaner, CleanupFailed
+from agents.cleanup import Cleaner, CleanupFailed, _buckets
+from agents.registry import AwsSettings
 from stateguard import SagaAborted
 from tests.agents.provision_support import in_memory, ledger, run, undone
 from tests.agents.test_provision_ownership import crash, recover
@@ -146,3 +147,14 @@ def test_it_restores_what_a_step_in_doubt_deleted(aws: AwsWorld, tmp_path: Path,
         ("delete_object", "succeeded")]
     assert current(aws) == (data, version, [{"Key": "owner", "Value": "finance"}])
     assert markers(aws) == 0 and [kind for kind, _, _ in effects][-1] == "restore"
+
+
+def test_with_aws_itself_it_deletes_from_no_bucket_until_one_is_named() -> None:
+    real = AwsSettings(region="eu-west-1", endpoint_url=None, access_key_id=None,
+                       secret_access_key=None)
+    cleaner = Cleaner(real, buckets=_buckets({}, real))
+    with pytest.raises(CleanupFailed, match=r"lets the agent delete from \(none: STATEGUARD"):
+        cleaner.delete_object({"bucket": BUCKET, "key": KEY},
+                              {"configurable": {"thread_id": "run-1"}})
+    assert "s3" not in cleaner.__dict__  # refused before any call
+    assert _buckets({"buckets": ["files"]}, real) == {"files"}

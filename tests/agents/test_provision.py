@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from agents import registry
-from agents.registry import AgentSettings
+from agents.provision import Provisioner, ProvisioningFailed
+from agents.registry import AgentSettings, AwsSettings
 from stateguard import ConfigurationError, SagaAborted
 from tests.agents.provision_support import (
     NODES,
@@ -105,8 +106,17 @@ def test_it_refuses_a_deployment_that_gives_it_no_aws_or_a_bad_option(aws: AwsWo
         provision(aws.settings, zone="not a zone")
     with pytest.raises(ConfigurationError, match=r"unknown options \['size'\]"):
         provision(aws.settings, size=1)
-    real = type(aws.settings)(region="eu-west-1", endpoint_url=None, access_key_id=None,
-                              secret_access_key=None)
-    with pytest.raises(ConfigurationError, match="talks to AWS itself: give it the AMI"):
-        provision(real)
-    assert provision(real, image_id="ami-0123456789abcdef0").name == "provision"
+    with pytest.raises(ConfigurationError, match="image_id 'ubuntu' is not an AMI id"):
+        provision(aws.settings, image_id="ubuntu")
+
+
+def test_with_aws_itself_and_no_image_its_first_step_refuses_before_any_call() -> None:
+    # A deployment that never runs provision need not name an image: the agent builds (so
+    # manage.py check passes), and a run says what to set before it calls AWS at all.
+    real = AwsSettings(region="eu-west-1", endpoint_url=None, access_key_id=None,
+                       secret_access_key=None)
+    assert provision(real).name == "provision"
+    agent = Provisioner(real, image_id=None, zone="stateguard.test")
+    with pytest.raises(ProvisioningFailed, match="names no AMI to launch: set STATEGUARD_AGE"):
+        agent.create_group({"name": "web-1"}, {"configurable": {"thread_id": "run-1"}})
+    assert "ec2" not in agent.__dict__  # no client was even made

@@ -108,7 +108,10 @@ def _close_checkpoint_connection(django_db_setup: None,
 
     runtime.close()  # else the test database cannot be dropped: "being accessed by others"
     # So does the connection of a guard's lease heartbeat, a thread of this process with a
-    # connection of its own, once a run in this process lasted past a renewal.
+    # connection of its own, once a run in this process lasted past a renewal. (No test
+    # database when no test of the session asked for one: pytest-django made none.)
+    if not connection.settings_dict["NAME"].startswith("test_"):
+        return
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
                        "current_database() AND pid <> pg_backend_pid() AND backend_type = "

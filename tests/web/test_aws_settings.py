@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.web.conftest import ROOT
+from tests.web.conftest import ROOT, ManagePy
 
 AWS = ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID",
        "AWS_SECRET_ACCESS_KEY")
@@ -57,3 +57,16 @@ def test_it_refuses_aws_settings_that_cannot_work_in_one_clear_line(
     result = settings_with(tmp_path, **env)
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_a_deployment_on_aws_itself_passes_check_without_the_agents_options(
+        manage_py: ManagePy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # provision's image and cleanup's buckets are asked for by their runs, not at start: a
+    # deployment that runs neither need not set them.
+    for name in AWS:
+        monkeypatch.delenv(name, raising=False)
+    result = manage_py("check", env={"DATABASE_URL": f"sqlite:///{tmp_path / 'x.sqlite3'}",
+                                     "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+                                     "AWS_SECRET_ACCESS_KEY": "s3cret"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
