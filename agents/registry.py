@@ -31,6 +31,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import StateGraph
 from pydantic import BaseModel, ConfigDict
 
+from agents.mail import MailSettings
 from stateguard import Compensation, CompensationRetry, ConfigurationError, RetryLater
 
 # What a node's error does to a run (``StateGuardCheckpointer(on_error=...)``; the core does
@@ -54,16 +55,17 @@ class AwsSettings:
 @dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """What the deployment tells its agents. The web app builds it from Django settings
-    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``, ``AWS_*``); a script
-    or a test builds its own. No defaults here (the deployment's settings are the one place for
-    them), but for ``aws``: None says this deployment gives its agents no AWS, and an agent
-    that needs it refuses to be built. Secrets stay out of the repr, which logs and tracebacks
-    print."""
+    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``, ``EMAIL_*`` for
+    ``mail``, ``AWS_*`` for ``aws``); a script or a test builds its own. No defaults here: the
+    deployment's settings are the one place for them (``mail=None``: this deployment sends no
+    e-mail, and an agent that does refuses to start; ``aws=None`` likewise for AWS). Secrets
+    stay out of the repr, which logs and tracebacks print."""
 
     stripe_api_key: str = field(repr=False)
     stripe_api_base: str
     sandbox_dir: Path
-    aws: AwsSettings | None = None
+    mail: MailSettings | None = None  # the SMTP server (agents.mail)
+    aws: AwsSettings | None = None  # the AWS API (agents.aws)
     # Agent name -> the options the deployment gives it (STATEGUARD_AGENT_OPTIONS): the
     # addresses, keys and switches an agent of a team's own needs. Out of the repr: secrets.
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)

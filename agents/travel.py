@@ -1,14 +1,27 @@
 """The travel agent: an AI agent (``create_react_agent``) whose tools act on the world.
 
 The model plans; its tools charge the card with Stripe (``charge_card``), hold a hotel room in
-the local sandbox (``reserve_hotel``) and e-mail the confirmation (``send_confirmation``, an
-``.eml`` file in the sandbox's outbox). Each tool call is a step of its own in the journal
-(``stateguard.tools``), and the compensations are keyed by the tools' names:
+the local sandbox (``reserve_hotel``) and e-mail the confirmation over SMTP
+(``send_confirmation``, through the deployment's mail server: ``agents.mail``). Each tool call
+is a step of its own in the journal (``stateguard.tools``), and the compensations are keyed by
+the tools' names:
 
 - ``charge_card`` → refund what is left of the charge, reading the PaymentIntent from the call's
   result, with the call's idempotency key;
 - ``reserve_hotel`` → cancel the room;
-- ``send_confirmation`` → an e-mail cannot be unsent: send an apology that cancels it.
+- ``send_confirmation`` → an e-mail cannot be unsent: send the apology, once, in reply to the
+  confirmation (``In-Reply-To``). Both messages are named by their step's key (the call's
+  ``effect_key()``, the compensation's ``ctx.idempotency_key``) and both are in the ledger.
+  The apology is ``in_doubt_safe``: for a call that raised or died mid-send it asks the
+  server's folder, where it can (``make run``), whether the confirmation was accepted, and
+  apologises only then; where it cannot tell, it apologises (docs/deploy.md, "E-mail").
+
+Each compensation is ``in_doubt_safe``: a call that raised after its effect (Stripe charged, then
+the answer was lost) or whose process died inside it saved no result, so the compensation looks
+for the effect instead, by the run and the call, which every effect carries (the charge's
+metadata, the room's number, the e-mail's ``Message-ID``), and undoes what it finds, once. The
+saga chaos harness (``tests/agents/test_chaos.py``) fails each call at those points and checks
+the world.
 
 So a trip whose room cannot be held (the sandbox has no hotel in "Atlantis") ends with the card
 refunded once and the run ``compensated``, and a charge over 100.00 waits for an operator, who
@@ -23,32 +36,44 @@ key are installed (docs/deploy.md).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
-import uuid
+import smtplib
 import warnings
 from collections.abc import Sequence
-from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import stripe
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_core.tools import BaseTool, tool
+from langchain_core.tools import BaseTool, InjectedToolCallId, tool
 from langgraph.config import get_config
 from langgraph.prebuilt import create_react_agent
 from langgraph.prebuilt.chat_agent_executor import AgentState
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
 
+from agents.mail import Mailer
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from agents.stripe_support import REFUND_RETRY, stripe_client
-from stateguard import Compensation, Effect, ExceptionContext, record_effect, tool_calls
+from stateguard import (
+    Compensation,
+    ConfigurationError,
+    Effect,
+    ExceptionContext,
+    effect_key,
+    record_effect,
+    tool_calls,
+)
+
+logger = logging.getLogger(__name__)
 
 ATLANTIS = "Atlantis"  # the sandbox has no hotel there: the reservation fails
-RUN_KEY = "stateguard_run"
+RUN_KEY, CALL_KEY = "stateguard_run", "stateguard_tool_call"  # a charge's metadata
 _ONCE: Any = {"max_network_retries": 0}  # a lost answer is looked up, never blindly resent
 SYSTEM = ("You are a travel agent. Charge the customer's card for the trip with charge_card, "
           "then hold the hotel with reserve_hotel, then e-mail the confirmation with "
@@ -145,12 +170,14 @@ def _run() -> str:
 
 
 class Travel:
-    """The travel agent's tools and their compensations, over a Stripe client and a sandbox."""
+    """The travel agent's tools and their compensations, over a Stripe client, a sandbox (the
+    hotel's) and a mail server."""
 
-    def __init__(self, client: stripe.StripeClient, sandbox: Path) -> None:
+    def __init__(self, client: stripe.StripeClient, sandbox: Path, mailer: Mailer) -> None:
         self.client = client
         self.sandbox = sandbox.resolve()
-        (self.sandbox / "outbox").mkdir(parents=True, exist_ok=True)
+        self.sandbox.mkdir(parents=True, exist_ok=True)
+        self.mailer = mailer
 
     def log(self, line: str) -> None:
         # One write per line with O_APPEND: lines from several workers never interleave.
@@ -164,33 +191,37 @@ class Travel:
     def tools(self) -> list[BaseTool]:
         travel = self
 
+        # The call's id (injected by ToolNode, never asked of the model) names the effect, so
+        # that a compensation can find it when the call saved no result.
         @tool
-        def charge_card(amount: int, currency: str, email: str) -> dict[str, Any]:
+        def charge_card(amount: int, currency: str, email: str,
+                        call_id: Annotated[str, InjectedToolCallId]) -> dict[str, Any]:
             """Charge the customer's card ``amount`` (smallest currency unit) for the trip."""
-            return travel.charge(amount, currency, email)
+            return travel.charge(amount, currency, email, call_id)
 
         @tool
-        def reserve_hotel(destination: str, nights: int) -> dict[str, Any]:
+        def reserve_hotel(destination: str, nights: int,
+                          call_id: Annotated[str, InjectedToolCallId]) -> dict[str, Any]:
             """Hold a hotel room at ``destination`` for ``nights`` nights."""
-            return travel.reserve(destination, nights)
+            return travel.reserve(destination, nights, _run(), call_id)
 
         @tool
-        def send_confirmation(email: str, destination: str) -> str:
+        def send_confirmation(email: str, destination: str) -> dict[str, str]:
             """E-mail the customer that the trip is booked."""
-            return travel.mail(_run(), email, f"Your trip to {destination}",
-                               f"Your trip to {destination} is booked.", "confirmation")
+            return travel.confirm(_run(), email, destination)
 
         return [charge_card, reserve_hotel, send_confirmation]
 
     # -- tools ------------------------------------------------------------------------------
-    def charge(self, amount: int, currency: str, email: str) -> dict[str, Any]:
+    def charge(self, amount: int, currency: str, email: str, call_id: str) -> dict[str, Any]:
         run = _run()
-        key = f"stateguard:{run}:charge_card"
+        key = f"stateguard:{run}:charge_card:{call_id}"
         customer = self.client.v1.customers.create(
             params={"email": email}, options={"idempotency_key": f"{key}:customer"})
         intent = self.client.v1.payment_intents.create(params={
             "amount": amount, "currency": currency, "customer": customer.id,
-            "payment_method": "pm_card_visa", "confirm": True, "metadata": {RUN_KEY: run}},
+            "payment_method": "pm_card_visa", "confirm": True,
+            "metadata": {RUN_KEY: run, CALL_KEY: call_id}},
             options=_ONCE | {"idempotency_key": key})
         record_effect(Effect("stripe", "charge", intent.id, amount=int(intent.amount),
                              currency=str(intent.currency), idempotency_key=key))
@@ -198,33 +229,42 @@ class Travel:
         return {"payment_intent_id": intent.id, "amount": int(intent.amount),
                 "currency": str(intent.currency)}
 
-    def reserve(self, destination: str, nights: int) -> dict[str, Any]:
+    def reserve(self, destination: str, nights: int, run: str, call_id: str) -> dict[str, Any]:
         if destination == ATLANTIS:
             raise NoRooms(f"no hotel has rooms in {destination}")
-        reservation = f"res_{uuid.uuid4().hex[:12]}"
+        reservation = reservation_of(run, call_id)  # the same on a retry: one room
+        room = self.sandbox / "hotel" / reservation
+        room.parent.mkdir(exist_ok=True)
+        room.write_text(f"{destination}:{nights}")
         self.log(f"do:reserve:{reservation}:{destination}:{nights}")
         record_effect(Effect("sandbox", "reservation", reservation))
         return {"reservation_id": reservation, "destination": destination, "nights": nights}
 
-    def mail(self, run: str, to: str, subject: str, body: str, kind: str) -> str:
-        """Write the e-mail to the outbox as ``<run>-<kind>.eml``. ``run`` is passed in: a tool
-        reads it from LangGraph's config, a compensation (which runs outside any runnable,
-        where ``get_config()`` raises) from ``ctx.run_id``."""
-        message = EmailMessage()
-        message["From"], message["To"], message["Subject"] = "travel@localhost", to, subject
-        message.set_content(body)
-        path = self.sandbox / "outbox" / f"{run}-{kind}.eml"
-        path.write_bytes(bytes(message))
-        self.log(f"do:mail:{kind}:{to}")
-        return f"sent {path.name}"
+    def confirm(self, run: str, to: str, destination: str) -> dict[str, str]:
+        """E-mail the confirmation, named by the call's key: the same message however often
+        the call runs, and not handed to a server that says it has it already."""
+        key = effect_key()
+        message_id = self.mailer.message_id(key)
+        if self.mailer.accepted(message_id) is not True:
+            self.mailer.send(self.mailer.compose(
+                to=to, subject=f"Your trip to {destination}", message_id=message_id, run=run,
+                body=f"Your trip to {destination} is booked."))
+        record_effect(Effect("smtp", "email", message_id, idempotency_key=key))
+        self.log(f"do:mail:{message_id}")
+        return {"message_id": message_id, "to": to}
 
     # -- compensations ----------------------------------------------------------------------
     def refund(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
-        """Refund what Stripe says is left of the call's charge, with the call's key."""
+        """Refund what Stripe says is left of the call's charge, with the call's key: the
+        charge its result names, else (it raised, or died, saving none) the one Stripe has
+        for the run and the call."""
         charge = ctx.tool_call.result if ctx.tool_call else None
-        if not isinstance(charge, dict) or "payment_intent_id" not in charge:
-            return False  # the call saved no charge: nothing to undo
-        intent = self.client.v1.payment_intents.retrieve(charge["payment_intent_id"])
+        if isinstance(charge, dict) and "payment_intent_id" in charge:
+            intent = self.client.v1.payment_intents.retrieve(charge["payment_intent_id"])
+        else:
+            intent = self.find_charge(ctx)
+            if intent is None:
+                return False  # no charge was made: nothing to undo
         latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
         charge_id = str(latest if isinstance(latest, str) else latest.id)
         stripe_charge = self.client.v1.charges.retrieve(charge_id)
@@ -241,20 +281,81 @@ class Travel:
         self.log(f"undo:charge:{intent.id}")
         return f"refunded {refund.id}: {refund.amount} {refund.currency}"
 
+    def find_charge(self, ctx: ExceptionContext) -> Any | None:
+        """The succeeded PaymentIntent the run's call made, found by its metadata among the
+        charges of the customers with the call's e-mail."""
+        if ctx.tool_call is None or not ctx.tool_call.args.get("email"):
+            return None
+        customers = self.client.v1.customers.list(
+            params={"email": str(ctx.tool_call.args["email"]), "limit": 100})
+        for customer in customers.auto_paging_iter():
+            intents = self.client.v1.payment_intents.list(
+                params={"customer": customer.id, "limit": 100})
+            for intent in intents.auto_paging_iter():
+                metadata = intent.metadata.to_dict() if intent.metadata else {}
+                if (metadata.get(RUN_KEY) == ctx.run_id and intent.status == "succeeded"
+                        and metadata.get(CALL_KEY) == ctx.tool_call.id):
+                    return intent
+        return None
+
     def cancel(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        reservation = (ctx.tool_call.result or {}) if ctx.tool_call else {}
-        if not isinstance(reservation, dict) or "reservation_id" not in reservation:
+        """Give the room back, if the call held one: its number names the run and the call,
+        so it is found without the call's result."""
+        if ctx.tool_call is None:
             return False
-        self.log(f"undo:reserve:{reservation['reservation_id']}")
-        record_effect(Effect("sandbox", "cancellation", f"cancel_{reservation['reservation_id']}",
-                             undoes=reservation["reservation_id"]))
+        reservation = reservation_of(ctx.run_id, ctx.tool_call.id)
+        room = self.sandbox / "hotel" / reservation
+        if not room.exists():
+            return False  # never held, or given back already (an earlier attempt)
+        room.unlink()
+        self.log(f"undo:reserve:{reservation}")
+        record_effect(Effect("sandbox", "cancellation", f"cancel_{reservation}",
+                             undoes=reservation))
         return True
 
-    def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        args = ctx.tool_call.args if ctx.tool_call else {}
-        self.mail(ctx.run_id, str(args.get("email", "")), "Your trip is cancelled",
-                  "We could not complete your booking; your card was refunded.", "apology")
-        return True
+    def apologise(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
+        """Take the confirmation back: the apology, in reply to it, once. For a call whose
+        outcome is unknown (it raised, or its process died mid-send), the server's folder says
+        whether the confirmation was accepted where it can; where it cannot, the apology goes
+        out anyway: a customer told twice is better than one left believing a cancelled trip
+        is booked (docs/deploy.md, "E-mail")."""
+        call = ctx.tool_call
+        args = call.args if call else {}
+        key = effect_key()  # the call's key, so the confirmation's Message-ID, whatever it did
+        confirmation = self.mailer.message_id(key)
+        result = call.result if call else None
+        if not (isinstance(result, dict) and result.get("message_id") == confirmation):
+            accepted = self.mailer.accepted(confirmation)
+            if accepted is False:
+                return False  # the server never accepted it: nothing to take back
+            if accepted:  # the call died before it could say so: the ledger says it now
+                record_effect(Effect("smtp", "email", confirmation, idempotency_key=key))
+        apology = self.mailer.message_id(ctx.idempotency_key)
+        if self.mailer.accepted(apology) is not True:  # an earlier attempt's was not accepted
+            destination, to = str(args.get("destination", "")), str(args.get("email", ""))
+            try:
+                self.mailer.send(self.mailer.compose(
+                    to=to, subject=f"Cancelled: your trip to {destination}",
+                    message_id=apology, run=ctx.run_id, in_reply_to=confirmation,
+                    body=(f"We could not complete your booking of the trip to {destination}: "
+                          "it is cancelled, and whatever you were charged for it is refunded.\n"
+                          "If you received our confirmation, it no longer holds. We are sorry.")))
+            except (ValueError, smtplib.SMTPRecipientsRefused) as exc:
+                refused = getattr(exc, "recipients", {})
+                if any(code < 500 for code, _ in refused.values()):
+                    raise  # refused for now (4xx): try again
+                # Not an address, or refused for good: the confirmation reached it no more.
+                logger.warning("run %s: no apology to %r: %s", ctx.run_id, to, exc)
+                return False
+        record_effect(Effect("smtp", "email", apology, idempotency_key=ctx.idempotency_key,
+                             undoes=confirmation))
+        self.log(f"undo:mail:{confirmation}")
+        return f"apologised with {apology} in reply to {confirmation}"
+
+
+def reservation_of(run: str, call_id: str) -> str:
+    """The room's number: the run's and the call's, so a compensation finds it by them."""
+    return "res_" + hashlib.sha256(f"{run}\x00{call_id}".encode()).hexdigest()[:12]
 
 
 def total_charged_within_amount(state: dict[str, Any]) -> bool:
@@ -274,7 +375,10 @@ class TravelInput(AgentInput):
 
 @register("travel")
 def spec(settings: AgentSettings) -> AgentSpec:
-    travel = Travel(stripe_client(settings), settings.sandbox_dir)
+    if settings.mail is None:
+        raise ConfigurationError("agent 'travel' e-mails its customers: give it a mail server "
+                                 "(AgentSettings.mail; the web app's EMAIL_* settings)")
+    travel = Travel(stripe_client(settings), settings.sandbox_dir, Mailer(settings.mail))
     # Read here, not at import: the deployment picks the model (docs/deploy.md).
     model = chat_model(os.environ.get("STATEGUARD_TRAVEL_MODEL", ""))
 
@@ -287,9 +391,11 @@ def spec(settings: AgentSettings) -> AgentSpec:
     return AgentSpec(
         name="travel", build=build, input_schema=TravelInput,
         invariants=(total_charged_within_amount,),
-        compensations={"charge_card": Compensation(travel.refund, retry=REFUND_RETRY),
-                       "reserve_hotel": travel.cancel,
-                       "send_confirmation": travel.apologise},
+        # in_doubt_safe: each looks for its call's effect before it undoes it (see above).
+        compensations={"charge_card": Compensation(travel.refund, retry=REFUND_RETRY,
+                                                   in_doubt_safe=True),
+                       "reserve_hotel": Compensation(travel.cancel, in_doubt_safe=True),
+                       "send_confirmation": Compensation(travel.apologise, in_doubt_safe=True)},
         approvals={"charge_card": lambda args: int(args.get("amount", 0)) > 100_00},
         description="An AI agent: charge the card, hold a hotel room, e-mail the confirmation; "
                     "each tool call a step, refunded if the room cannot be held.")

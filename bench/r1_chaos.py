@@ -67,6 +67,7 @@ os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DEBUG="false",
 sys.path.insert(0, str(ROOT))
 
 from bench import databases  # noqa: E402
+from bench.procs import Worker, start_localstripe  # noqa: E402
 from tests.core.lossy_relay import LossyRelay, _read_message  # noqa: E402
 
 DONE = ("succeeded", "compensated", "needs_attention")
@@ -121,77 +122,10 @@ class ChaosRelay(LossyRelay):
 
 
 @dataclass
-class Worker:
-    name: str
-    args: list[str]
-    env: dict[str, str]
-    log_dir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    restart_at: float | None = None
-    starts: int = 0
-    log_from: int = 0  # where this start's lines begin in its log
-    exits: int = 0  # exits that were not our kills (a worker that cannot start, say)
-
-    def start(self) -> None:
-        self.starts += 1
-        log = (self.log_dir / f"{self.name}.log").open("ab")
-        self.log_from = log.tell()
-        log.write(f"\n==== start {self.starts} at {time.strftime('%H:%M:%S')} ====\n".encode())
-        log.flush()
-        # A session of its own: SIGKILL of its group reaches the pool children too.
-        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-        self.restart_at = None
-
-    def ready(self) -> bool:
-        """Whether this start has booted (Celery logged "ready."): killing a worker that is
-        still importing tests nothing."""
-        with (self.log_dir / f"{self.name}.log").open("rb") as log:
-            log.seek(self.log_from)
-            return b" ready." in log.read()
-
-    def pids(self) -> set[int]:
-        import psutil
-
-        assert self.proc is not None
-        try:
-            parent = psutil.Process(self.proc.pid)
-            return {parent.pid, *(c.pid for c in parent.children(recursive=True))}
-        except psutil.NoSuchProcess:
-            return set()
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.kill()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.kill(signal.SIGTERM)
-
-
-@dataclass
 class Kill:
     at: float  # seconds since the first submission
     worker: str
     runs: list[str] = field(default_factory=list)  # codes of the runs its processes held
-
-
-def start_localstripe(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "tools/localstripe_server.py", "--port", "0"], cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=(log_dir / "localstripe.log").open("wb"), text=True,
-        start_new_session=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "localstripe listening on http://127.0.0.1:PORT"
-    if "listening on" not in line:
-        proc.kill()
-        raise SystemExit(f"localstripe did not start: {line!r}")
-    return proc, line.split("listening on ", 1)[1].split()[0].rstrip(",")
 
 
 def parse_range(text: str) -> tuple[float, float]:

@@ -20,6 +20,7 @@ from stateguard.blame import from_the_store
 from stateguard.core import GuardCore
 from stateguard.events import EventCallback
 from stateguard.exceptions import ConfigurationError
+from stateguard.faults import FaultHook
 from stateguard.journal import Journal, PurgingJournal
 from stateguard.operator_actions import GuardOperations
 from stateguard.plain_runs import PlainRuns
@@ -103,7 +104,8 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
                  on_error: OnError = "compensate", on_tool_error: OnToolError = "auto",
                  lease_ttl: float = 60.0, lease_heartbeat: float | None = None,
                  kinds: Mapping[str, Any] | None = None,
-                 step_retry: CompensationRetry | None = None) -> None:
+                 step_retry: CompensationRetry | None = None,
+                 fault_hook: FaultHook | None = None) -> None:
         if saver is None:
             saver = InMemorySaver()
         if not isinstance(saver, BaseCheckpointSaver):
@@ -124,7 +126,7 @@ class StateGuardCheckpointer(GuardOperations, BaseCheckpointSaver[Any]):
                               approvals=approvals, compensation_retry=compensation_retry,
                               journal=journal, on_event=on_event, lease_ttl=lease_ttl,
                               lease_heartbeat=lease_heartbeat, on_tool_error=on_tool_error,
-                              kinds=kinds, step_retry=step_retry)
+                              kinds=kinds, step_retry=step_retry, fault_hook=fault_hook)
         self.on_error = on_error
         self._plain_runs = PlainRuns(self)
 

@@ -22,6 +22,8 @@ from stateguard.exceptions import (
     InvariantViolation,
     RunLocked,
 )
+from stateguard.faults import FaultHook
+from stateguard.history import Histories
 from stateguard.journal import InMemoryJournal, Journal, turn_steps
 from stateguard.kinds import build_kinds, check_step_retry, held_reason
 from stateguard.records import ApprovalStatus, ErrorInfo, RunStatus
@@ -47,7 +49,8 @@ class GuardCore:
                  journal: Journal | None = None, on_event: EventCallback | None = None,
                  lease_ttl: float = 60.0, lease_heartbeat: float | None = None,
                  on_tool_error: Any = "auto", kinds: Mapping[str, Any] | None = None,
-                 step_retry: CompensationRetry | None = None) -> None:
+                 step_retry: CompensationRetry | None = None,
+                 fault_hook: FaultHook | None = None) -> None:
         if compensation_retry is not None and not isinstance(compensation_retry,
                                                              CompensationRetry):
             raise ConfigurationError("compensation_retry must be a CompensationRetry")
@@ -55,6 +58,8 @@ class GuardCore:
             raise ConfigurationError(f"{journal!r} does not implement the Journal protocol")
         if on_event is not None and not callable(on_event):
             raise ConfigurationError("on_event must be callable")
+        if fault_hook is not None and not callable(fault_hook):
+            raise ConfigurationError("fault_hook must be callable (stateguard.faults)")
         if not isinstance(lease_ttl, (int, float)) or lease_ttl <= 0:
             raise ConfigurationError("lease_ttl must be a positive number of seconds")
         if lease_heartbeat is None:
@@ -74,6 +79,7 @@ class GuardCore:
         # event), else the user's callback, or ``_dispatch`` while a stream listens too.
         self.on_event: EventCallback | None = on_event
         self._user_on_event = on_event
+        self.fault_hook = fault_hook  # fault injection in tests (stateguard.faults)
         self._listeners: dict[str, list[queue.SimpleQueue[Event]]] = {}
         self._listening = threading.Lock()
         self.lease_ttl = float(lease_ttl)
@@ -85,6 +91,8 @@ class GuardCore:
         # it from renewing a lease that is being released (that would re-take the run).
         self._renewing = threading.Lock()
         self._beat: threading.Thread | None = None
+        # The message histories journaled for the runs this process holds (stateguard.history).
+        self.histories = Histories()
 
     # -- leases ------------------------------------------------------------------------------
     @contextmanager
@@ -119,6 +127,7 @@ class GuardCore:
         if not self.journal.lock_acquire(run_id, owner, self.lease_ttl):
             held = self.journal.run_get(run_id)
             raise RunLocked(run_id, held.lock_owner if held else None)
+        self.histories.hold(run_id)
         with self._renewing:
             self._held[run_id] = (owner, time.monotonic(), time.time())
             self._lost.discard(run_id)
@@ -129,6 +138,7 @@ class GuardCore:
         try:
             yield owner
         finally:
+            self.histories.release(run_id)
             with self._renewing:
                 self._held.pop(run_id, None)
                 self._lost.discard(run_id)  # nothing to remember once we let go

@@ -155,6 +155,8 @@ def effect_key() -> str:
     (a resume after ``interrupt()``, a retry, a recovery), so a provider that honours it
     (Stripe's ``idempotency_key``) makes the effect once. It differs from the key a
     compensation gets (``ctx.idempotency_key``): a refund is another request than the charge.
+    Called in a compensation, it is the key of the step being compensated, which the effect
+    was made with: a compensation finds the effect by it when the step saved no result.
     """
     scope = _scope.get()
     if scope is None:

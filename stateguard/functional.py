@@ -49,6 +49,7 @@ from stateguard.approvals import approval_gate
 from stateguard.blame import bubbled_up, from_the_store, tag_node
 from stateguard.effects import recording
 from stateguard.events import Event, emit
+from stateguard.faults import fault_point
 from stateguard.journal import find_step
 from stateguard.kinds import kind_keywords, refusal_after_pivot, retry_delay
 from stateguard.records import ErrorInfo, StepStatus
@@ -189,7 +190,11 @@ class _TaskStep:
                 with recording(self.core.journal, self.run_id, self.step_id, self.name), \
                         guarding_calls(self.core, self.run_id, self.step_id,
                                        var_child_runnable_config.get()):
+                    fault_point(self.core, "before", self.run_id, self.step_id, self.name,
+                                "task", attempt)
                     result = func(*args, **kwargs)
+                    fault_point(self.core, "after", self.run_id, self.step_id, self.name,
+                                "task", attempt)
             except BaseException as exc:
                 self._failed(exc)
                 delay = retry_delay(self.retry, exc, attempt)
@@ -213,7 +218,11 @@ class _TaskStep:
                 with recording(self.core.journal, self.run_id, self.step_id, self.name), \
                         guarding_calls(self.core, self.run_id, self.step_id,
                                        var_child_runnable_config.get()):
+                    fault_point(self.core, "before", self.run_id, self.step_id, self.name,
+                                "task", attempt)
                     result = await func(*args, **kwargs)
+                    fault_point(self.core, "after", self.run_id, self.step_id, self.name,
+                                "task", attempt)
             except BaseException as exc:
                 self._failed(exc)
                 delay = retry_delay(self.retry, exc, attempt)

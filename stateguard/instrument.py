@@ -30,6 +30,7 @@ from stateguard.blame import bubbled_up, from_the_store, tag_node
 from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ConfigurationError, InvariantViolation
+from stateguard.faults import fault_point
 from stateguard.functional import guarding_calls, tasks_of
 from stateguard.kinds import (
     StepKind,
@@ -147,7 +148,9 @@ class _NodeWrapper:
             try:
                 with recording(self.core.journal, run_id, step_id, self.name), \
                         guarding_calls(self.core, run_id, step_id, config) as guarded:
+                    fault_point(self.core, "before", run_id, step_id, self.name, "node", attempt)
                     result = self.inner.invoke(state, guarded)
+                    fault_point(self.core, "after", run_id, step_id, self.name, "node", attempt)
             except BaseException as exc:
                 self._failed(run_id, step_id, exc)
                 delay = retry_delay(self.retry, exc, attempt)
@@ -166,7 +169,9 @@ class _NodeWrapper:
             try:
                 with recording(self.core.journal, run_id, step_id, self.name), \
                         guarding_calls(self.core, run_id, step_id, config) as guarded:
+                    fault_point(self.core, "before", run_id, step_id, self.name, "node", attempt)
                     result = await self.inner.ainvoke(state, guarded)
+                    fault_point(self.core, "after", run_id, step_id, self.name, "node", attempt)
             except BaseException as exc:
                 self._failed(run_id, step_id, exc)
                 delay = retry_delay(self.retry, exc, attempt)
@@ -203,6 +208,7 @@ class _NodeWrapper:
         """Journal the step as started (again, for each attempt of a retriable step)."""
         core = self.core
         core.check_lease(run_id)
+        core.histories.restart(run_id, step_id)
         with from_the_store():
             _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags,
                                                   **kind_keywords(self.kind))
@@ -247,10 +253,12 @@ class _NodeWrapper:
                                          error=ErrorInfo.from_exception(bad_result))
             raise tag_node(bad_result, self.name) from None
         found = core.spec.first_violation(after)
+        state = core.histories.encode(run_id, step_id, values, after, update=update)
         if found is None:
             with from_the_store():
                 core.journal.step_finish(run_id, step_id, StepStatus.SUCCEEDED, update=update,
-                                         state_after=after)
+                                         state_after=state.state)
+            core.histories.keep(run_id, step_id, state)
             if core.on_event is not None:
                 emit(core.on_event, Event("step.succeeded", run_id, self.name, step_id))
             return result
@@ -259,7 +267,8 @@ class _NodeWrapper:
         # The body ran, so its effect happened: journal it as a step to compensate.
         with from_the_store():
             core.journal.step_finish(run_id, step_id, StepStatus.VIOLATED, update=update,
-                                     state_after=after, error=ErrorInfo.from_exception(exc))
+                                     state_after=state.state,
+                                     error=ErrorInfo.from_exception(exc))
         emit(core.on_event, Event("invariant.violated", run_id, self.name, step_id,
                                   {"invariant": invariant.name, "message": message}))
         raise tag_node(exc, self.name)

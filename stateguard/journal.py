@@ -127,8 +127,8 @@ class StepLookupJournal(Protocol):
     still works, by a scan of ``steps()``.
 
     Before each tool call a guarded ``ToolNode`` looks up the call's own step, to answer a
-    call LangGraph runs again from the journal: ``steps()`` there read every step of the run
-    with the state after it (an agent's whole conversation), O(n^2) over a run of n calls."""
+    call LangGraph runs again from the journal: ``steps()`` there read every step of the run,
+    O(n^2) rows over a run of n calls."""
 
     def step_get(self, run_id: str, step_id: str) -> StepRecord | None:
         """The step as ``steps()`` would give it; ``None`` if the run has no such step."""
@@ -226,8 +226,8 @@ class InMemoryJournal:
             self._forget(next(iter(self._finished)))
 
     def _compact(self, run_id: str) -> None:
-        """A finished run keeps its outcome, not its states: the state after each step (an
-        agent's whole conversation, again at every step) is dropped; and when ``undoable`` says
+        """A finished run keeps its outcome, not its states: the state after each step is
+        dropped; and when ``undoable`` says
         which steps a compensation would undo (the journal a guard makes for itself), so is
         the update of every other step. What a later compensation reads is kept: its step's
         update (``ctx.step_result``, ``ctx.tool_call``); for the state it is given, the thread's

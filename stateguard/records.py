@@ -154,7 +154,9 @@ class StepRecord:
     finished_at: float | None = None
     done_seq: int | None = None  # order of completion within the run; unwind goes newest first
     update: Any = None  # what the node wrote
-    state_after: Any = None  # the state with the node's writes applied
+    # The state with the node's writes applied; its lists of messages journaled against an
+    # earlier step's (stateguard.history: States rebuilds them whole).
+    state_after: Any = None
     error: ErrorInfo | None = None
     turn: int = 1  # the run's turn when the step started
     # Its saga kind when it started (stateguard.kinds.StepKind): "compensatable", "pivot" or

@@ -31,6 +31,7 @@ from stateguard.exceptions import (
     RunNotFound,
     SagaAborted,
 )
+from stateguard.history import expanded
 from stateguard.instrument import RUNNER_KEY, instrument_graph
 from stateguard.journal import TurnJournal, turn_steps
 from stateguard.lifecycle import NEXT_TURN
@@ -395,7 +396,8 @@ class GuardRunner:
         run_id = config if isinstance(config, str) else run_id_of(config)
         journal = self.core.journal
         effects = journal.effects(run_id) if isinstance(journal, EffectLedger) else []
-        return RunView(self._run_record(run_id), journal.steps(run_id),
+        # Each step with its whole state, as journaled against earlier steps' (history).
+        return RunView(self._run_record(run_id), expanded(journal.steps(run_id)),
                        journal.compensations(run_id), journal.approvals(run_id), effects)
 
     def _run_record(self, run_id: str) -> Any:

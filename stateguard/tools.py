@@ -61,6 +61,8 @@ from stateguard.core import GuardCore
 from stateguard.effects import recording
 from stateguard.events import Event, emit
 from stateguard.exceptions import ToolCallFailed
+from stateguard.faults import fault_point
+from stateguard.history import answer_id
 from stateguard.journal import find_step
 from stateguard.kinds import kind_keywords, refusal_after_pivot, retry_delay
 from stateguard.malformed_calls import tool_error_unwinds
@@ -203,7 +205,11 @@ class _ToolCallGuard:
         while True:  # more than once for a retriable tool only (stateguard.kinds)
             try:
                 with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    fault_point(call.core, "before", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
                     out = user(request, execute) if user else execute(request)
+                    fault_point(call.core, "after", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
             except BaseException as exc:
                 self._failed(call, exc)
                 delay = retry_delay(call.retry, exc, attempt)
@@ -233,7 +239,11 @@ class _ToolCallGuard:
         while True:
             try:
                 with recording(call.core.journal, call.run_id, call.step_id, call.name):
+                    fault_point(call.core, "before", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
                     out = await (user(request, execute) if user else execute(request))
+                    fault_point(call.core, "after", call.run_id, call.step_id, call.name,
+                                "tool_call", attempt)
             except BaseException as exc:
                 self._failed(call, exc)
                 delay = retry_delay(call.retry, exc, attempt)
@@ -283,7 +293,8 @@ class _ToolCallGuard:
         if journaled.command is not None:
             return _command_from(journaled.command)
         return ToolMessage(content=journaled.content, artifact=journaled.artifact,
-                           tool_call_id=call.call_id, name=call.name, status="success")
+                           tool_call_id=call.call_id, name=call.name, status="success",
+                           id=answer_id(call.step_id))
 
     def _refused(self, call: _Call) -> ToolMessage | None:
         """A compensatable call the model makes after the turn's pivot never runs: it fails
@@ -313,6 +324,7 @@ class _ToolCallGuard:
     def _start(self, call: _Call) -> None:
         core = call.core
         core.check_lease(call.run_id)
+        core.histories.restart(call.run_id, call.step_id)
         _, previous = core.journal.step_start(call.run_id, call.step_id, call.name, call.tags,
                                               **kind_keywords(call.kind))
         emit(core.on_event, Event("step.started", call.run_id, call.name, call.step_id,
@@ -339,6 +351,10 @@ class _ToolCallGuard:
 
     def _finish(self, call: _Call, out: Any) -> Any:
         message = _tool_message(out, call.call_id)
+        if isinstance(out, ToolMessage) and out.id is None:
+            # Named now, not by add_messages later, so that the journal holds the message the
+            # graph does, and can rebuild it from the call's record (stateguard.history).
+            out.id = answer_id(call.step_id)
         status: Literal["success", "error"] = (
             "error" if message is not None and message.status == "error" else "success")
         content = message.content if message is not None else None
@@ -357,26 +373,30 @@ class _ToolCallGuard:
             if self._unwinds(call):
                 self._fail_node(call, str(content))
             return out
-        after = self._state_after(call, out)
+        before, after = self._state_after(call, out)
+        state = core.histories.encode(call.run_id, call.step_id, before, after, answer=(
+            (out, record) if isinstance(out, ToolMessage) else None))
         core.journal.step_finish(call.run_id, call.step_id, StepStatus.SUCCEEDED,
-                                 update=record.as_update(), state_after=after)
+                                 update=record.as_update(), state_after=state.state)
+        core.histories.keep(call.run_id, call.step_id, state)
         emit(core.on_event, Event("step.succeeded", call.run_id, call.name, call.step_id,
                                   {"tool_call_id": call.call_id}))
         return out
 
-    def _state_after(self, call: _Call, out: Any) -> dict[str, Any]:
-        """The graph's state with the call's answer: what its compensation is given."""
+    def _state_after(self, call: _Call, out: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The graph's state the call ran on, and with the call's answer: what its compensation
+        is given."""
         values = as_dict(call.request.state)
         messages = values.get(self.messages_key)
         if isinstance(out, ToolMessage) and isinstance(messages, list):
-            # Appended as add_messages would, without its reducer: that gives the message an
-            # id from uuid4, and os.urandom alone cost ~2 ms a call here (measured).
-            return {**values, self.messages_key: [*messages, out]}
+            # Appended as add_messages would (the answer has its id), without its reducer: it
+            # copies and converts the whole history, at every call.
+            return values, {**values, self.messages_key: [*messages, out]}
         try:
-            return apply_update(self.channels, values, update_of(out) if isinstance(
+            return values, apply_update(self.channels, values, update_of(out) if isinstance(
                 out, Command) else {self.messages_key: [out]})
         except Exception:  # a state the reducers cannot take: keep the state the call saw
-            return values
+            return values, values
 
     @staticmethod
     def _record(call: _Call, status: Literal["success", "error"], content: Any,

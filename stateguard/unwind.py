@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +21,7 @@ from typing import Any
 from stateguard.context import ExceptionContext, InvariantInfo, idempotency_key
 from stateguard.effects import recording
 from stateguard.events import Event, EventCallback, EventType, emit
+from stateguard.history import States, is_encoded
 from stateguard.journal import Journal, turn_steps
 from stateguard.records import (
     DONE_COMPENSATIONS,
@@ -38,6 +40,8 @@ from stateguard.retry import CompensationRetry
 from stateguard.spec import Compensation, GuardSpec
 from stateguard.subgraphs import SUBGRAPH_TAG
 from stateguard.tool_calls import tool_call_of
+
+logger = logging.getLogger("stateguard")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +128,7 @@ class _Unwinder:
         self.include_in_doubt, self.triggered_by = include_in_doubt, triggered_by
         self.fallback_state, self.on_event, self.check = fallback_state, on_event, check
         self.outcomes: list[CompensationOutcome] = []
+        self._states: States | None = None  # the run's steps' states, read on first need
 
     def attempts(self) -> Iterator[tuple[_Attempting, ExceptionContext, Any]]:
         """Each attempt to make, newest step first; ``record`` must follow each one."""
@@ -200,7 +205,16 @@ class _Unwinder:
             tool_call=tool_call_of(step, state))
 
     def _state_for(self, step: StepRecord) -> Any:
-        if step.state_after is not None:
+        if is_encoded(step.state_after):  # its messages journaled against earlier steps'
+            if self._states is None:
+                self._states = States(self.journal.steps(self.run_id))
+            state = self._states.state(step)
+            if state is not None:
+                return state
+            logger.warning("the state of step %s of run %s cannot be rebuilt (a step it was "
+                           "journaled against ran again): its compensation gets the thread's",
+                           step.step_id, self.run_id)
+        elif step.state_after is not None:
             return step.state_after
         if callable(self.fallback_state):  # computed only when a step has no state of its own
             self.fallback_state = self.fallback_state()

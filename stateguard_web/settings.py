@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+from email.utils import parseaddr
 from pathlib import Path
 
 import environ
@@ -266,13 +267,20 @@ CELERY_TIMEZONE = TIME_ZONE
 
 # Leases: a worker running a saga holds a lease of STATEGUARD_LEASE_SECONDS and renews it every
 # STATEGUARD_LEASE_RENEW_SECONDS; every STATEGUARD_SWEEP_SECONDS beat enqueues a sweep that hands
-# runs with an expired lease to another worker. Worst-case takeover after a crash is about
-# LEASE + SWEEP seconds (docs/deploy.md).
+# runs whose worker is gone to another worker (sagas/journal/leases.py, docs/deploy.md). On
+# PostgreSQL each worker process also holds an advisory lock while it lives
+# (STATEGUARD_WORKER_LOCK): a dead worker's run goes to recovery at the next sweep, a live one
+# keeps its runs however slow it is, up to STATEGUARD_LEASE_GRACE_SECONDS past its lease.
+# Without the lock (off, or SQLite), a crashed worker's run waits for LEASE + SWEEP seconds.
 STATEGUARD_LEASE_SECONDS = env.int("STATEGUARD_LEASE_SECONDS", default=10)
 STATEGUARD_LEASE_RENEW_SECONDS = env.int("STATEGUARD_LEASE_RENEW_SECONDS", default=3)
 STATEGUARD_SWEEP_SECONDS = env.int("STATEGUARD_SWEEP_SECONDS", default=2)
+STATEGUARD_WORKER_LOCK = env.bool("STATEGUARD_WORKER_LOCK", default=True)
+STATEGUARD_LEASE_GRACE_SECONDS = env.int("STATEGUARD_LEASE_GRACE_SECONDS", default=60)
 if STATEGUARD_LEASE_RENEW_SECONDS >= STATEGUARD_LEASE_SECONDS:
     raise ImproperlyConfigured("STATEGUARD_LEASE_RENEW_SECONDS must be below the lease length.")
+if STATEGUARD_LEASE_GRACE_SECONDS < 0:
+    raise ImproperlyConfigured("STATEGUARD_LEASE_GRACE_SECONDS must not be negative.")
 # What recovery does with a run whose worker died, per agent, over the agent's own on_crash:
 # "checkout=resume,provision=unwind". "resume" runs the node that was cut off again, so only for
 # an agent whose nodes find what their dead run did (checkout's charge finds its PaymentIntent).
@@ -399,9 +407,12 @@ STATEGUARD_NOTIFY_RETRIES = env.int("STATEGUARD_NOTIFY_RETRIES", default=5)
 # Where operators reach this site: the links in notifications.
 STATEGUARD_SITE_URL = env.str("STATEGUARD_SITE_URL", default="http://127.0.0.1:8000")
 # E-mail, as one URL (django-environ): smtp+tls://USER:PASSWORD@HOST:587, smtp+ssl://...:465.
-# The default under DEBUG prints each message to the console (the worker's output).
+# The agents send theirs over SMTP to EMAIL_HOST:EMAIL_PORT, as DEFAULT_FROM_EMAIL (agents/mail.py;
+# runs/runtime.py hands them these settings), whatever EMAIL_BACKEND, which is Django's own mail
+# (the notifications), says. The default under DEBUG is `make run`'s SMTP server
+# (tools/smtp_server.py, port 8025), which keeps every message in var/mail/.
 _email = env.email_url("EMAIL_URL",
-                       default="consolemail://" if DEBUG else "smtp://localhost:25")
+                       default="smtp://127.0.0.1:8025" if DEBUG else "smtp://localhost:25")
 EMAIL_BACKEND = _email["EMAIL_BACKEND"]
 EMAIL_HOST = _email["EMAIL_HOST"] or "localhost"
 EMAIL_PORT = _email["EMAIL_PORT"] or 25
@@ -411,6 +422,17 @@ EMAIL_USE_TLS = _email.get("EMAIL_USE_TLS", False)
 EMAIL_USE_SSL = _email.get("EMAIL_USE_SSL", False)
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)  # seconds; Django's default waits forever
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="StateGuard <stateguard@localhost>")
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_URL: STARTTLS (smtp+tls://) or TLS (smtp+ssl://), not both.")
+if not re.fullmatch(r"[^@\s<>]+@[A-Za-z0-9.-]+", parseaddr(DEFAULT_FROM_EMAIL)[1]):
+    raise ImproperlyConfigured(f"DEFAULT_FROM_EMAIL is {DEFAULT_FROM_EMAIL!r}: an address "
+                               "(name@example.com, or Name <name@example.com>).")
+# The folder where the SMTP server at EMAIL_HOST keeps what it accepts: `make run`'s does
+# (tools/smtp_server.py). The dashboard's Outbox lists it, and the agents ask it whether the
+# server accepted a message (once it names that very server: agents/mailbox.py). Empty: no
+# such folder (a real mail server), no Outbox. Relative paths are under the repository root.
+_mail_dir = env.str("STATEGUARD_MAIL_DIR", default="var/mail" if DEBUG else "")
+STATEGUARD_MAIL_DIR: Path | None = BASE_DIR / _mail_dir if _mail_dir else None
 
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {

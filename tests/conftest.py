@@ -7,6 +7,9 @@
 * ``stripe_client`` (function): an empty localstripe store plus a ``stripe.StripeClient``
   pointed at it; the module-level ``stripe.api_key`` / ``stripe.api_base`` are set too
   (and restored afterwards) for code that uses the global style.
+* ``saga_chaos``: the saga chaos harness, from the ``stateguard.testing`` plugin.
+* ``mail_server`` (function): ``make run``'s SMTP server in a thread, keeping what it accepts
+  in a folder of the test's own (``tests/mail_server.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +21,20 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import stripe
 
 from agents.registry import AwsSettings
 from tests.aws_world import AwsWorld
+
+# The saga chaos harness's fixture (stateguard's pytest11 entry point loads it once stateguard is
+# installed from a checkout that declares it; named so, it is not loaded twice).
+pytest_plugins = ["stateguard.testing"]
+
+if TYPE_CHECKING:
+    from tests.mail_server import MailServer
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTRIPE_LAUNCHER = ROOT / "tools" / "localstripe_server.py"
@@ -130,3 +141,14 @@ def stripe_client(localstripe_url: str) -> Iterator[stripe.StripeClient]:
         yield stripe.StripeClient(STRIPE_TEST_KEY, base_addresses={"api": localstripe_url})
     finally:
         stripe.api_key, stripe.api_base = saved_key, saved_base
+
+
+@pytest.fixture
+def mail_server(tmp_path: Path) -> Iterator[MailServer]:
+    from tests.mail_server import MailServer  # it imports this module: not at the top
+
+    server = MailServer(tmp_path / "mail")
+    try:
+        yield server
+    finally:
+        server.close()

@@ -44,6 +44,11 @@ os.environ["DEBUG"] = "true"
 # would e-mail the operators of every run that pauses, in this process and in the workers.
 os.environ["STATEGUARD_NOTIFY_EMAIL"] = ""
 os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)
+# No mail server and no Outbox folder unless a test starts one (the ``mail_server`` fixture):
+# under DEBUG the agents would mail `make run`'s server on 8025, if one is up, and the Outbox
+# would list its var/mail/. A test that sends mail without one fails (nothing on port 25).
+os.environ["EMAIL_URL"] = "smtp://127.0.0.1:25"
+os.environ["STATEGUARD_MAIL_DIR"] = ""
 
 # The dashboard asks every 2 s, not 15, whether a worker is alive: a browser test that stops the
 # last worker waits for the banner that long (workers say goodbye; nothing else is faster).

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -96,6 +97,10 @@ def test_it_installs_the_library_alone_and_runs_the_readme_snippet(tmp_path: Pat
     [wheel] = dist.glob("stateguard-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
+    [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    with zipfile.ZipFile(wheel) as archive:
+        declared = archive.read(entry_points).decode()
+    assert "[pytest11]\nstateguard.testing = stateguard.testing" in declared, declared
     top_level = {name.split("/")[0] for name in names}
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"stateguard"}
     assert "stateguard/py.typed" in names  # typed, for its users' type checkers (PEP 561)
@@ -116,3 +121,14 @@ def test_it_installs_the_library_alone_and_runs_the_readme_snippet(tmp_path: Pat
         run.stdout + run.stderr
     )
     assert "installed: []" in run.stdout, run.stdout
+
+
+def test_it_declares_the_saga_chaos_plugin_as_a_pytest_entry_point() -> None:
+    # pytest loads what the pytest11 group names in every session of an environment that has
+    # stateguard: the saga_chaos fixture is there without a line in the user's conftest.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"] == {"stateguard.testing": "stateguard.testing"}
+    import stateguard.testing
+
+    assert stateguard.testing.__all__ == ["saga_chaos"]
+    assert callable(stateguard.testing.saga_chaos)

@@ -7,11 +7,12 @@
    the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the
    dashboard's URL and the login line (again on later runs, while that password still works),
 3. replaces itself with ``tools/supervise.py`` running ``Procfile.dev``: embedded Redis,
-   localstripe, Daphne, a Celery worker and Celery beat. A process that dies is restarted (with
+   localstripe, an SMTP server (mail lands in var/mail/), Daphne, a Celery worker and Celery
+   beat. A process that dies is restarted (with
    a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
    supervisor exits 0 (make, after Ctrl-C, then dies of the SIGINT itself: status 130), and if
-   the supervisor is killed outright they stop by themselves (tools/supervise.py).
-   It also starts moto's server (a local AWS API for the provision agent, in memory) on 8430.
+   the supervisor is killed outright they stop by themselves (tools/supervise.py). Among them,
+   moto's server on 8430: the local AWS API of the provision and cleanup agents, in memory.
 """
 
 from __future__ import annotations
@@ -28,12 +29,10 @@ PROCFILE = "Procfile.dev"
 PASSWORD_FILE = ROOT / "var" / "admin-password.txt"
 DASHBOARD_URL = "http://127.0.0.1:8000/"
 ADMIN_URL = "http://127.0.0.1:8000/admin/"
-# The providers' local stand-ins that Procfile.dev starts, beside PORTS: moto's server is the
-# AWS the agents talk to unless settings say otherwise (AWS_ENDPOINT_URL's default).
-STAND_INS = {8430: "aws (moto)"}
 # Whatever answers on one of these is not this stack's: another `make run` (maybe from another
 # checkout), or a process one left behind. Using it would mix that one's queue and data in.
-PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 6390: "embedded Redis"}
+PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 8025: "mail (SMTP)",
+         8430: "aws (moto)", 6390: "embedded Redis"}
 
 
 def _port_in_use(port: int) -> bool:
@@ -78,8 +77,7 @@ def _ensure_admin() -> str:
 
 def main() -> int:
     os.chdir(ROOT)
-    busy = [f"{port} ({what})" for port, what in {**PORTS, **STAND_INS}.items()
-            if _port_in_use(port)]
+    busy = [f"{port} ({what})" for port, what in PORTS.items() if _port_in_use(port)]
     if busy:
         print(f"run_dev: port in use on 127.0.0.1: {', '.join(busy)}; stop what listens there "
               "(`ss -ltnp` names it) and try again", file=sys.stderr)
@@ -110,6 +108,7 @@ def main() -> int:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["PYTHONUNBUFFERED"] = "1"  # the supervisor reads their output through pipes
     print(f"\nthe dashboard: {DASHBOARD_URL} (the admin: {ADMIN_URL})\n{login}\n"
+          f"the agents' e-mail: {DASHBOARD_URL}outbox/ (files in var/mail/)\n"
           "Ctrl-C stops every process.\n", flush=True)
     # exec, not a child: the supervisor gets Ctrl-C/SIGTERM directly, and its exit status is
     # what make sees.

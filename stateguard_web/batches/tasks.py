@@ -7,10 +7,10 @@ import logging
 import uuid
 
 from celery import Task, shared_task
-from django.utils import timezone
 
 from stateguard_web.batches import worker
 from stateguard_web.runs.tasks import sweep_message_expiry
+from stateguard_web.sagas.journal.leases import db_now
 
 logger = logging.getLogger("stateguard.tasks")
 
@@ -30,7 +30,7 @@ def batch_process(self: Task, batch_pk: int) -> None:
 def batch_sweep() -> int:
     """Hand to another worker the batches whose worker died, or whose message was lost
     (beat, every ``STATEGUARD_SWEEP_SECONDS``)."""
-    stalled = worker.batch_stalled(timezone.now())
+    stalled = worker.batch_stalled(db_now())  # leases are judged by the database's clock
     for pk in stalled:
         batch_process.apply_async((pk,), expires=sweep_message_expiry())
     if stalled:

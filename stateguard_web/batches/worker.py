@@ -21,6 +21,7 @@ from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.runs import services
 from stateguard_web.sagas import events
+from stateguard_web.sagas.journal.leases import db_now
 from stateguard_web.sagas.models import Batch, BatchItem, Compensation, Run
 
 logger = logging.getLogger("stateguard.batches")
@@ -88,7 +89,7 @@ def batch_process(*, batch_pk: int, owner: str, budget: float = SLICE_SECONDS) -
     owner) and the caller queues the batch again; a worker that dies holding it leaves it to
     the sweeper once the lease expires."""
     deadline = time.monotonic() + budget
-    if not _lease(batch_pk, owner, timezone.now()):
+    if not _lease(batch_pk, owner, db_now()):  # by the database's clock, never this host's
         logger.info("batch %s: another worker holds it, or it is finished", batch_pk)
         return False
     while True:
@@ -107,7 +108,7 @@ def batch_process(*, batch_pk: int, owner: str, budget: float = SLICE_SECONDS) -
         if time.monotonic() > deadline:  # at least one item per slice
             Batch.objects.filter(pk=batch_pk, lease_owner=owner).update(lease_owner="")
             return True
-        _lease(batch_pk, owner, timezone.now())
+        _lease(batch_pk, owner, db_now())
 
 
 @transaction.atomic

@@ -12,13 +12,14 @@ from django.utils.functional import SimpleLazyObject
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import pages, workers
+from stateguard_web.dashboard import outbox, pages, workers
 
 
 def _nav(user: Any) -> dict[str, Any]:
     sees_runs = access.may(user, Ability.VIEW)
     counts = pages.inbox_counts(user) if sees_runs else {"approvals": 0, "attention": 0}
-    return {"role": pages.role_of(user), "sees_runs": sees_runs, "cap": pages.COUNT_CAP, **counts}
+    return {"role": pages.role_of(user), "sees_runs": sees_runs, "cap": pages.COUNT_CAP,
+            "outbox": outbox.shown_to(user), **counts}
 
 
 def nav(request: HttpRequest) -> dict[str, Any]:

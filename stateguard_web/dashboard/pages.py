@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from stateguard import lifecycle
+from stateguard.history import States
 from stateguard.lifecycle import ATTENTION, LIVE, Action, Pivot
 from stateguard.records import DONE_COMPENSATIONS, EFFECT_STATUSES
 from stateguard.retry import CompensationRetry
@@ -23,7 +24,7 @@ from stateguard.spec import GuardSpec, build_compensations
 from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import graph, labels
+from stateguard_web.dashboard import graph, labels, outbox
 from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
 from stateguard_web.runs import runtime, selectors
@@ -223,6 +224,8 @@ class RunPage:
     retry_from: bool = False
     # An AI run's conversation: the model's messages and each tool call (conversation.py).
     conversation: list[Turn] = field(default_factory=list)
+    # Whether the ledger's e-mails link to the Outbox (outbox.py: make run's mail server).
+    outbox: bool = False
 
     @property
     def run_actions(self) -> set[str]:
@@ -259,14 +262,15 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         effects=list(run.effects.order_by("recorded_at", "pk")), approvals=approvals,
         audit=list(run.audit_events.order_by("created_at", "pk")), pending=pending,
         violation=violation,
-        violation_state=violated[-1].state_after if violated else None,
+        # The whole state, its messages journaled against earlier steps' (stateguard.history).
+        violation_state=States(steps).state(violated[-1]) if violated else None,
         graph_svg=_graph(run, views, compensations, pending), actions=actions,
         failed_step=failed_step, request=waiting, can_operate=can_operate,
         next_attempt=next_attempt(run, compensations), past_pivot=past_pivot, pivot=pivot,
         retry_from=can_operate and lifecycle.refusal(
             Action.RETRY_FROM, run.status, waiting=waiting,
             undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None,
-        conversation=conversation(steps))
+        conversation=conversation(steps), outbox=outbox.shown_to(user))
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
     if access.may(user, Ability.REFUND, run):

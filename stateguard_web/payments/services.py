@@ -33,7 +33,6 @@ from typing import Any
 
 import stripe
 from django.db import transaction
-from django.utils import timezone
 
 from stateguard import lifecycle
 from stateguard.effects import Effect as CoreEffect
@@ -52,6 +51,7 @@ from stateguard_web.runs.services import (
     _text,
     run_resolve_by_hand,
 )
+from stateguard_web.sagas.journal import leases
 from stateguard_web.sagas.models import Effect, Run
 
 __all__ = ["MAX_REASON", "Refund", "RefundError", "effect_refund", "run_refund"]
@@ -96,7 +96,7 @@ def _run_for_refund(run: Run, *, resolve: bool) -> Run:
     """The run, locked; refused while a worker holds it, or when asked to resolve a run that
     cannot be resolved (checked before any money moves, not after)."""
     run = Run.objects.select_for_update().get(pk=run.pk)
-    if run.lease_owner and run.lease_expires_at and run.lease_expires_at > timezone.now():
+    if Run.objects.filter(leases.held(), pk=run.pk).exists():  # by the database's clock
         raise RefundError(f"run {run.code} is being worked on right now (its compensation may "
                           "be refunding this charge); try again when the worker is done")
     if resolve:

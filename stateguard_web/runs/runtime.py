@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import connection
+from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -25,20 +26,43 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from agents import registry
+from agents.mail import MailSettings
 from agents.registry import AgentSettings, AgentSpec, AwsSettings
 from stateguard import RetryLater, StateGuardCheckpointer
 from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
+from stateguard_web.sagas.journal.process_lock import ProcessLock
 
 
 @cache
 def journal() -> DjangoJournal:
-    """The process's journal, shared by every agent's guard and the checkpoint saver."""
-    made = DjangoJournal(defer_steps=connection.vendor == "postgresql")
+    """The process's journal, shared by every agent's guard and the checkpoint saver. On
+    PostgreSQL its leases name the process's lock (``STATEGUARD_WORKER_LOCK``): once the
+    process dies, its runs are recovered without waiting for their leases to run out."""
+    postgres = connection.vendor == "postgresql"
+    made = DjangoJournal(defer_steps=postgres, process_lock=process_lock(),
+                         grace=settings.STATEGUARD_LEASE_GRACE_SECONDS)
     events.watch_journal(made.holds)  # live updates wait for the rows they tell of
     return made
+
+
+@cache
+def process_lock() -> ProcessLock | None:
+    """This process's advisory lock (taken when it first takes a lease), if it holds one."""
+    if connection.vendor != "postgresql" or not settings.STATEGUARD_WORKER_LOCK:
+        return None
+    return ProcessLock(pg.conninfo(settings.DATABASES["default"]),
+                       check_every=settings.STATEGUARD_LEASE_RENEW_SECONDS)
+
+
+@receiver(connection_created)
+def _check_process_lock(**_: Any) -> None:
+    # A new connection of Django's: the last one broke, and if the database restarted, so did
+    # the lock's. Check it before the next lease names it.
+    if process_lock.cache_info().currsize and (lock := process_lock()) is not None:
+        lock.suspect()
 
 
 @cache
@@ -64,12 +88,15 @@ def saver() -> BaseCheckpointSaver[Any]:
 
 
 def close() -> None:
-    """Close this process's checkpoint connections (tests, before their database is dropped)."""
+    """Close this process's checkpoint connections and let go of its process lock (tests,
+    before their database is dropped)."""
     if checkpoint_pool.cache_info().currsize:  # PostgreSQL: the saver's connections
         checkpoint_pool().close()
     elif saver.cache_info().currsize:  # SQLite: the saver's file
         saver().conn.close()  # type: ignore[attr-defined]
-    for cached in (saver, checkpoint_pool, _guard, _spec, journal):
+    if process_lock.cache_info().currsize and (lock := process_lock()) is not None:
+        lock.forget()
+    for cached in (saver, checkpoint_pool, _guard, _spec, journal, process_lock):
         cached.cache_clear()
 
 
@@ -78,11 +105,26 @@ def agent_settings() -> AgentSettings:
     return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
                          stripe_api_base=settings.STRIPE_API_BASE,
                          sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
+                         mail=mail_settings(),
                          aws=AwsSettings(region=settings.AWS_REGION,
                                          endpoint_url=settings.AWS_ENDPOINT_URL,
                                          access_key_id=settings.AWS_ACCESS_KEY_ID,
                                          secret_access_key=settings.AWS_SECRET_ACCESS_KEY),
                          options=settings.STATEGUARD_AGENT_OPTIONS)
+
+
+def mail_settings() -> MailSettings:
+    """The SMTP server the agents send through: Django's own ``EMAIL_*`` settings (settings.py
+    checks them), and the folder where that server keeps what it accepts, if it does."""
+    folder = settings.STATEGUARD_MAIL_DIR
+    return MailSettings(host=settings.EMAIL_HOST, port=int(settings.EMAIL_PORT),
+                        from_email=settings.DEFAULT_FROM_EMAIL,
+                        timeout=float(settings.EMAIL_TIMEOUT or 10),
+                        username=settings.EMAIL_HOST_USER,
+                        password=settings.EMAIL_HOST_PASSWORD,
+                        use_tls=bool(settings.EMAIL_USE_TLS),
+                        use_ssl=bool(settings.EMAIL_USE_SSL),
+                        mail_dir=Path(folder) if folder else None)
 
 
 def agent_names() -> list[str]:
@@ -141,8 +183,9 @@ def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
     if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
-                   "STATEGUARD_ON_CRASH", "STATEGUARD_AGENT_OPTIONS") or setting.startswith(
-                       ("STATEGUARD_COMPENSATION_RETRY_LATER_", "AWS_")):
+                   "STATEGUARD_ON_CRASH", "STATEGUARD_MAIL_DIR", "DEFAULT_FROM_EMAIL",
+                   "STATEGUARD_AGENT_OPTIONS") or setting.startswith(
+                       ("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_", "AWS_")):
         _guard.cache_clear()
         _spec.cache_clear()
 

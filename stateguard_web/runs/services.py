@@ -23,6 +23,7 @@ from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
 from stateguard_web.runs import runtime, selectors, tasks
 from stateguard_web.sagas import events
+from stateguard_web.sagas.journal import leases
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
 
@@ -321,7 +322,7 @@ def run_resolve_by_hand(*, run: Run, by: By, note: str) -> Run:
     """An operator undid what StateGuard could not (for example a refund made by hand)."""
     run = _locked(run)
     _allowed(Action.RESOLVE, run)
-    if run.lease_owner and run.lease_expires_at and run.lease_expires_at > timezone.now():
+    if Run.objects.filter(leases.held(), pk=run.pk).exists():  # by the database's clock
         # A worker is acting on the run (recovering it, say); it checked the status under its
         # lease, so settling the run under it now would be overwritten by what it does next.
         raise ActionNotAllowed(f"run {run.code} is being worked on right now; try again when "

@@ -24,13 +24,13 @@ from celery import Task, shared_task
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
-from django.utils import timezone
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, fits
 from stateguard_web.runs.runtime import agent_names, config_for, guard_for, has_checkpoint
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import LeaseLost
+from stateguard_web.sagas.journal.leases import abandoned, db_now
 from stateguard_web.sagas.models import AuditEvent, Compensation, Run
 
 logger = logging.getLogger("stateguard.tasks")
@@ -81,12 +81,12 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
     here). A run a worker would otherwise take up again and again (pending, or live with its
     worker gone) can never go on: it needs a person. An operator's request on a run that waits
     (paused, failed) is refused and the run left as it is."""
-    now = timezone.now()
+    now = db_now()
     message = (f"agent {run.agent!r} is not offered by this deployment (it offers "
                f"{', '.join(agent_names())})")
     with transaction.atomic():
         parked = Run.objects.filter(
-            Q(lease_owner="") | Q(lease_expires_at__lt=now), pk=run.pk,
+            Q(lease_owner="") | abandoned(now), pk=run.pk,
             status__in=[Run.Status.PENDING, *LIVE],
         ).update(status=Run.Status.NEEDS_ATTENTION, updated_at=now, lease_owner="",
                  lease_expires_at=None, fencing_token=F("fencing_token") + 1,
@@ -189,26 +189,18 @@ def run_retry_compensations(run_pk: int) -> None:
     (``RetryLater``; handed over by the sweeper): the core's recovery runs it, under the run's
     lease, skipping what was undone. A duplicate delivery finds the round done (the run
     compensated, or waiting for a later time) and does nothing."""
-    if not _due_compensations(timezone.now()).filter(run_id=run_pk).exists():
+    if not _due_compensations(db_now()).filter(run_id=run_pk).exists():
         return
     _with_guard(run_pk, lambda guard, graph, config, run: guard.recover(graph, config))
 
 
-def _abandoned(now: datetime) -> Q:
-    """Runs whose worker stopped renewing its lease, or left the run live without one (an
-    error escaped the guard) longer than a lease ago."""
-    lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
-    return (Q(lease_expires_at__lt=now)
-            | Q(lease_expires_at__isnull=True, updated_at__lt=now - lease))
-
-
 def _requeue_if_never_started(run_pk: int) -> bool:
-    now = timezone.now()
+    now = db_now()
     with transaction.atomic():
         # The row lock makes a late write of the dead worker wait for this decision; the new
         # fencing token then refuses it (sagas_fence), so it cannot start the run meanwhile.
         run = Run.objects.select_for_update().filter(
-            _abandoned(now), pk=run_pk, status=Run.Status.RUNNING).first()
+            abandoned(now), pk=run_pk, status=Run.Status.RUNNING).first()
         if run is None or has_checkpoint(run.thread_id):
             return False
         Run.objects.filter(pk=run_pk).update(
@@ -254,20 +246,21 @@ def sweep_message_expiry() -> float:
 
 @shared_task(acks_late=True, name=f"{NAMES}.sweep_expired_leases")
 def sweep_expired_leases() -> int:
-    """Hand to another worker what no worker is doing: live runs whose worker stopped renewing
-    its lease (to recovery), compensating runs whose waiting compensations are due (to their
-    next round), runs submitted long ago that no worker claimed, and operators' requests that
-    no worker carried out (their messages were lost).
+    """Hand to another worker what no worker is doing: live runs whose worker is gone or
+    stopped renewing its lease (to recovery: ``leases.abandoned``), compensating runs whose
+    waiting compensations are due (to their next round), runs submitted long ago that no
+    worker claimed, and operators' requests that no worker carried out (their messages were
+    lost). Every time is the database's.
 
     A compensating run that waits (its worker let go of it, a compensation ``waiting``) is not
     abandoned: it is left alone until its time has come, however long ago it last changed. One
     whose worker died in the middle of a round still holds that worker's lease: recovery's."""
-    now = timezone.now()
+    now = db_now()
     lease = timedelta(seconds=settings.STATEGUARD_LEASE_SECONDS)
     expires = sweep_message_expiry()
     waits = Exists(Compensation.objects.filter(run=OuterRef("pk"),
                                                status=Compensation.Status.WAITING))
-    dead = _due(Run.objects.filter(_abandoned(now), status__in=list(LIVE))
+    dead = _due(Run.objects.filter(abandoned(now), status__in=list(LIVE))
                 .exclude(waits, lease_owner=""), now)
     for pk in dead:
         run_recover.apply_async((pk,), expires=expires)
@@ -283,7 +276,7 @@ def sweep_expired_leases() -> int:
     # Requests whose message was lost (or whose worker gave up): still fitting the run, and
     # no worker holds it.
     waiting = {pk: request for pk, request, status in Run.objects.filter(
-        Q(lease_owner="") | Q(lease_expires_at__lt=now), request__isnull=False,
+        Q(lease_owner="") | abandoned(now), request__isnull=False,
         requested_at__lt=now - lease).values_list("pk", "request", "status")
         if fits(request["action"], status)}
     undone = _due(Run.objects.filter(pk__in=list(waiting)), now)

@@ -52,6 +52,11 @@ class Run(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fencing_token = models.PositiveBigIntegerField(default=0)
+    # The process lock (journal/process_lock.py) the holder held when it last took or renewed
+    # the lease: once no session holds it, the holder's process is gone and the run is
+    # recovered at once, without waiting for the expiry (journal/leases.py). NULL: the expiry
+    # alone (SQLite, or no lock). Not indexed, like the other lease columns.
+    lease_lock = models.IntegerField(null=True, blank=True)
     # When the sweeper last handed the run to a worker (lost, or its worker dead): it does so
     # at most once per lease period, however long the queue takes to get to it.
     requeued_at = models.DateTimeField(null=True, blank=True)

@@ -1,5 +1,6 @@
 """The travel agent in one process: create_react_agent with the scripted model, its tools on
-localstripe and a sandbox, guarded as the web app guards it."""
+localstripe, a sandbox and a real SMTP server (``mail_server``), guarded as the web app guards
+it."""
 
 from __future__ import annotations
 
@@ -10,16 +11,19 @@ import pytest
 import stripe
 
 from agents import registry
+from agents.mail import MailSettings
 from agents.registry import AgentSettings
 from agents.travel import ScriptedTravelModel, chat_model
 from stateguard import CompensationStatus, RunStatus, SagaAborted, StateGuardCheckpointer
 from tests.conftest import STRIPE_TEST_KEY, flush_localstripe
+from tests.mail_server import MailServer
 
 
-def guarded(localstripe_url: str, sandbox: Path) -> tuple[StateGuardCheckpointer, Any]:
+def guarded(localstripe_url: str, sandbox: Path, mail: MailSettings
+            ) -> tuple[StateGuardCheckpointer, Any]:
     spec = registry.get("travel", AgentSettings(stripe_api_key=STRIPE_TEST_KEY,
                                                 stripe_api_base=localstripe_url,
-                                                sandbox_dir=sandbox))
+                                                sandbox_dir=sandbox, mail=mail))
     guard = StateGuardCheckpointer(**spec.guard_kwargs())
     return guard, guard.compile(spec.build())
 
@@ -36,8 +40,9 @@ def log(sandbox: Path) -> list[str]:
 
 
 def test_it_books_a_trip_one_tool_call_at_a_time(
-        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
-    guard, graph = guarded(localstripe_url, tmp_path)
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
+        mail_server: MailServer) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
     config = {"configurable": {"thread_id": "trip-1"}}
 
     out = guard.invoke(graph, trip(), config)
@@ -52,12 +57,19 @@ def test_it_books_a_trip_one_tool_call_at_a_time(
     assert log(tmp_path) == ["do:charge", "do:reserve", "do:mail"]
     assert [(c.amount, c.amount_refunded) for c in stripe_client.v1.charges.list().data] == [
         (42_00, 0)]
-    assert (tmp_path / "outbox" / "trip-1-confirmation.eml").exists()
+    [confirmation] = mail_server.messages(run="trip-1")
+    assert (confirmation["To"], confirmation["Subject"]) == ("alice@example.com",
+                                                             "Your trip to Lisbon")
+    [effect] = [e for e in view.effects if e.effect.provider == "smtp"]
+    assert (effect.effect.kind, effect.effect.external_id, effect.status) == (
+        "email", confirmation["Message-ID"], "applied")
+    assert effect.effect.idempotency_key in confirmation["Message-ID"]  # named by the call
 
 
 def test_it_refunds_the_charge_once_when_no_room_can_be_held(
-        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
-    guard, graph = guarded(localstripe_url, tmp_path)
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
+        mail_server: MailServer) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
     config = {"configurable": {"thread_id": "trip-2"}}
 
     with pytest.raises(SagaAborted, match="no hotel has rooms in Atlantis"):
@@ -74,8 +86,9 @@ def test_it_refunds_the_charge_once_when_no_room_can_be_held(
 
 
 def test_it_hands_a_refund_stripe_refuses_for_good_to_a_person_after_one_attempt(
-        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
-    guard, graph = guarded(localstripe_url, tmp_path)
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
+        mail_server: MailServer) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
     config = {"configurable": {"thread_id": "trip-gone"}}
     guard.invoke(graph, trip(), config)
     flush_localstripe(localstripe_url)  # Stripe no longer knows the charge: a 404, for good
@@ -92,8 +105,9 @@ def test_it_hands_a_refund_stripe_refuses_for_good_to_a_person_after_one_attempt
 
 
 def test_it_asks_before_a_charge_over_100(
-        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path) -> None:
-    guard, graph = guarded(localstripe_url, tmp_path)
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
+        mail_server: MailServer) -> None:
+    guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
     config = {"configurable": {"thread_id": "trip-3"}}
 
     guard.invoke(graph, trip(amount=250_00), config)

@@ -15,6 +15,7 @@ from agents.travel import chat_model
 from stateguard import RunStatus, SagaAborted
 from tests.agents.openai_server import Reply, Status, call, serve
 from tests.agents.test_travel import guarded, log, trip
+from tests.mail_server import MailServer
 
 CHARGE = {"amount": 42_00, "currency": "usd", "email": "alice@example.com"}
 FAST_429 = Status(429, {"retry-after-ms": "10"})  # the client waits that long, then asks again
@@ -46,7 +47,7 @@ def test_the_provider_path_builds_langchain_openai_s_client(
 
 def test_parallel_calls_and_a_429_book_the_trip_with_one_charge(
         localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
-        openai_model: Any) -> None:
+        openai_model: Any, mail_server: MailServer) -> None:
     script = [FAST_429,  # the first answer is rate limited: the client retries it
               Reply(calls=(call("charge_card", CHARGE, "call_charge"),
                            call("reserve_hotel", {"destination": "Lisbon", "nights": 2},
@@ -57,7 +58,7 @@ def test_parallel_calls_and_a_429_book_the_trip_with_one_charge(
               Reply("Your trip to Lisbon is booked.")]
     with serve(script) as (base_url, server):
         openai_model(base_url)
-        guard, graph = guarded(localstripe_url, tmp_path)
+        guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
         config = {"configurable": {"thread_id": "trip-openai-1"}}
         out = guard.invoke(graph, trip(), config)
 
@@ -81,14 +82,14 @@ def test_parallel_calls_and_a_429_book_the_trip_with_one_charge(
 
 def test_a_room_that_cannot_be_held_refunds_the_charge_once(
         localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
-        openai_model: Any) -> None:
+        openai_model: Any, mail_server: MailServer) -> None:
     script = [Reply(calls=(call("charge_card", CHARGE, "call_charge"),)),
               FAST_429,
               Reply(calls=(call("reserve_hotel", {"destination": "Atlantis", "nights": 2},
                                 "call_room"),))]
     with serve(script) as (base_url, server):
         openai_model(base_url)
-        guard, graph = guarded(localstripe_url, tmp_path)
+        guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
         config = {"configurable": {"thread_id": "trip-openai-2"}}
         with pytest.raises(SagaAborted, match="no hotel has rooms in Atlantis"):
             guard.invoke(graph, trip("Atlantis"), config)
@@ -103,7 +104,7 @@ def test_a_room_that_cannot_be_held_refunds_the_charge_once(
 
 def test_a_malformed_tool_call_after_the_charge_refunds_it_once(
         localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
-        openai_model: Any) -> None:
+        openai_model: Any, mail_server: MailServer) -> None:
     # The client cannot parse the room's arguments: no tool runs and the agent stops. Over a
     # charge that is no success (stateguard.malformed_calls): the turn is unwound.
     script = [Reply(calls=(call("charge_card", CHARGE, "call_charge"),)),
@@ -111,7 +112,7 @@ def test_a_malformed_tool_call_after_the_charge_refunds_it_once(
                                 "call_room"),))]
     with serve(script) as (base_url, server):
         openai_model(base_url)
-        guard, graph = guarded(localstripe_url, tmp_path)
+        guard, graph = guarded(localstripe_url, tmp_path, mail_server.settings())
         config = {"configurable": {"thread_id": "trip-openai-3"}}
         with pytest.raises(SagaAborted, match=r"'reserve_hotel' \(call_room\) but the call "
                                               r"could not be parsed"):

@@ -416,6 +416,7 @@ def test_it_gives_a_task_the_same_effect_key_on_every_run_of_its_step() -> None:
     world = World()
     failures = [ConnectionError("the provider's answer was lost")]
     refund_keys: list[str] = []
+    undone_keys: list[str] = []
 
     @task
     def charge_card(amount: int) -> dict[str, str]:
@@ -431,6 +432,7 @@ def test_it_gives_a_task_the_same_effect_key_on_every_run_of_its_step() -> None:
 
     def refund(args: dict[str, Any], ctx: Any) -> bool:
         refund_keys.append(ctx.idempotency_key)
+        undone_keys.append(effect_key())  # the key the charge was made with, to look it up
         return True
 
     @entrypoint(checkpointer=world.guard(compensations={"charge_card": refund},
@@ -447,6 +449,7 @@ def test_it_gives_a_task_the_same_effect_key_on_every_run_of_its_step() -> None:
     first, again, other = world.keys
     assert first == again and first.startswith("sg-effect-") and other != first
     assert refund_keys and refund_keys[0] != first  # the refund is another request
+    assert undone_keys == [first, other]  # in a compensation: the compensated step's key
 
 
 def test_it_leaves_a_task_called_without_a_guard_alone() -> None:

@@ -3,6 +3,7 @@ in doubt; what came before it is undone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from stateguard import SqliteJournal
+from stateguard.history import MARK
 from tests.core.test_processes import effects, run, start
 
 pytestmark = pytest.mark.slow  # real processes, killed: not in make check
@@ -38,6 +41,14 @@ def test_it_leaves_the_call_in_doubt_for_an_operator(tmp_path: Path) -> None:
     assert out["compensations"] == {"charge_card": "skipped_in_doubt",
                                     "reserve_seat": "succeeded"}
     assert effects(tmp_path) == ["seat:12A", "started:4200", "release:12A"]
+    # The seat's compensation was given the conversation up to the seat's answer, rebuilt
+    # from the steps the dead process journaled (stateguard.history), not the thread's state.
+    state = json.loads((tmp_path / "release_state.json").read_text())
+    assert [(m["type"], m["content"]) for m in state["messages"]] == [
+        ("human", "book me a trip"), ("ai", ""), ("tool", "12A")]
+    assert state["messages"][1]["tool_calls"][0]["args"] == {"seat": "12A"}
+    [stored] = SqliteJournal(tmp_path / "journal.db").steps("t")[2:3]
+    assert stored.node == "reserve_seat" and MARK in stored.state_after["messages"]
 
 
 def test_it_runs_an_in_doubt_safe_compensation_with_the_calls_arguments(

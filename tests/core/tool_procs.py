@@ -6,7 +6,8 @@ so that a test can kill it inside a tool call and recover the run from another p
 ACTION is ``invoke`` or ``recover``. The agent holds a seat, then charges the card; with
 ``--hang`` the charge logs ``started:<amount>`` and sleeps (the test kills the process there).
 ``--safe`` declares the charge's compensation ``in_doubt_safe``. Effects and compensations are
-appended to DIR/effects.log, one line each.
+appended to DIR/effects.log, one line each; the seat's release writes the state it is given to
+DIR/release_state.json.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from stateguard import (
     StateGuardCheckpointer,
     UnwindReport,
 )
+from stateguard.records import json_default
 from tests.core.agent_support import ScriptedModel, ask, go, say
 from tests.core.procs import log
 
@@ -71,6 +73,9 @@ def main(argv: list[str]) -> int:
 
     def release(state: dict[str, Any], ctx: Any) -> bool:
         log(directory, f"release:{ctx.tool_call.args['seat']}")
+        # The state it is given, rebuilt from the journal another process wrote.
+        (directory / "release_state.json").write_text(
+            json.dumps(state, default=json_default))
         return True
 
     model = ScriptedModel(responses=[ask(("reserve_seat", {"seat": "12A"})),

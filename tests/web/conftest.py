@@ -25,6 +25,7 @@ import pytest
 from tests import forked
 from tests.aws_world import AwsWorld
 from tests.conftest import _free_port, _port_answers
+from tests.mail_server import MailServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -151,15 +152,33 @@ def ledger(run: Any) -> list[str]:
     return list(run.effects.order_by("recorded_at", "pk").values_list("kind", flat=True))
 
 
-class Workers:
-    """Real Celery worker processes on the test database and the test Redis."""
+def held_keys() -> set[int]:
+    """The keys of the process locks held on the test database (sagas/journal/process_lock.py):
+    one per live process that took a lease."""
+    from django.db import connection
 
-    def __init__(self, sandbox: Path, log_dir: Path) -> None:
+    from stateguard_web.sagas.journal.process_lock import NAMESPACE
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND "
+                       "classid = %s AND objsubid = 2 AND database = (SELECT oid FROM "
+                       "pg_database WHERE datname = current_database())", [NAMESPACE])
+        return {row[0] for row in cursor.fetchall()}
+
+
+
+class Workers:
+    """Real Celery worker processes on the test database and the test Redis (and the test's
+    SMTP server, given its ``mail_env``)."""
+
+    def __init__(self, sandbox: Path, log_dir: Path, mail_env: dict[str, str] | None = None
+                 ) -> None:
         from django.db import connection
 
         db = connection.settings_dict
         self.env = {
             **os.environ,
+            **(mail_env or {}),
             "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
             "STATEGUARD_SANDBOX_DIR": str(sandbox),
             # Short leases keep the crash test quick; P4 reruns it with the defaults
@@ -172,17 +191,29 @@ class Workers:
         self.log_dir = log_dir
         self.procs: list[forked.Forked] = []
 
-    def start(self, name: str, *, beat: bool = False) -> forked.Forked:
+    def start(self, name: str, *, beat: bool = False, env: dict[str, str] | None = None,
+              clock_offset: float = 0) -> forked.Forked:
+        """A worker (with beat: the sweeper too), with ``env`` over the pool's, and its clock
+        ``clock_offset`` seconds off (``tests.web.skewed``)."""
         args = ["-A", "stateguard_web", "worker", "-l", "info", "--concurrency", "1",
                 "-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
         if beat:
             args += ["-B", "-s", str(self.log_dir / f"{name}-beat-schedule")]
+        if clock_offset:
+            args = [str(clock_offset), "celery", *args]
         # `python -m celery ...`, forked warm (tests/forked.py). A session of its own, so
         # SIGKILL reaches the worker's pool children too.
-        proc = forked.start("celery", *args, out=self.log_dir / f"{name}.log", env=self.env,
+        proc = forked.start("tests.web.skewed" if clock_offset else "celery", *args,
+                            out=self.log_dir / f"{name}.log", env={**self.env, **(env or {})},
                             new_session=True)
         self.procs.append(proc)
         return proc
+
+    def wait_ready(self, name: str) -> None:
+        """Until the worker ``name`` has booted (Celery logged "ready.")."""
+        log = self.log_dir / f"{name}.log"
+        wait_for(lambda: log.exists() and " ready." in log.read_text(errors="replace"), 60,
+                 f"worker {name} to boot", self.logs)
 
     def kill(self, proc: forked.Forked) -> None:
         import signal
@@ -204,12 +235,14 @@ class Workers:
 
 
 @pytest.fixture
-def workers(sandbox: Path, tmp_path: Path, transactional_db: None) -> Iterator[Workers]:
+def workers(sandbox: Path, tmp_path: Path, transactional_db: None,
+            mail_server: MailServer) -> Iterator[Workers]:
+    """The workers' pool (none started yet); their e-mail goes to ``mail_server``."""
     import redis
     from django.conf import settings
 
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()  # no task left from earlier
-    pool = Workers(sandbox, tmp_path)
+    pool = Workers(sandbox, tmp_path, mail_server.env)
     yield pool
     for proc in pool.procs:
         pool.kill(proc)

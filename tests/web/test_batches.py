@@ -7,12 +7,14 @@ worker test_batch_crash.py."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
 from unittest import mock
 
 import pytest
+import time_machine
 from django.db import connection, transaction
 from django.test import TestCase, override_settings
 from django.utils import timezone
@@ -21,6 +23,7 @@ from stateguard_web.batches import services as batches
 from stateguard_web.batches import tasks as batch_tasks
 from stateguard_web.batches import worker as batch_worker
 from stateguard_web.runs import services
+from stateguard_web.sagas.journal.leases import db_now
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Compensation, Run, Step
 from tests.web.api.world import make_user
 
@@ -225,6 +228,18 @@ class BatchTests(TestCase):
             lease_expires_at=timezone.now() - timedelta(seconds=1))  # w1 died
         process(batch, owner="w2")
         assert outcomes(batch)[0][1] == "done"
+
+    def test_it_judges_a_batchs_lease_by_the_database_clock(self) -> None:
+        batch = self.create(codes=[self.f1.code])
+        Batch.objects.filter(pk=batch.pk).update(
+            lease_owner="w1", lease_expires_at=db_now() + timedelta(seconds=5))
+        with time_machine.travel(time.time() + 30, tick=True), \
+                mock.patch.object(batch_tasks.batch_process, "apply_async") as queued:
+            # A worker and a sweeper whose clocks are 30 s ahead: w1's lease still runs.
+            assert not batch_worker.batch_process(batch_pk=batch.pk, owner="w2")
+            assert batch_tasks.batch_sweep() == 0
+        queued.assert_not_called()
+        assert outcomes(batch)[0][1] == "pending"
 
     def test_the_sweeper_hands_a_stalled_batch_to_a_worker_once_per_lease(self) -> None:
         batch = self.create(codes=[self.f1.code])

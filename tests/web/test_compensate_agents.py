@@ -15,6 +15,7 @@ from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Compensation, Run
 from tests.aws_world import AwsWorld
 from tests.conftest import STRIPE_TEST_KEY
+from tests.mail_server import MailServer
 from tests.web.api.world import make_user
 from tests.web.conftest import AGENT_INPUTS, agent_world
 
@@ -28,9 +29,11 @@ def test_it_knows_an_input_for_every_registered_agent() -> None:
 @pytest.mark.parametrize("agent", sorted(AGENT_INPUTS))
 def test_it_compensates_a_succeeded_run_of_every_agent(
         agent: str, transactional_db: None, settings: Any, tmp_path: Path,
-        localstripe_url: str, stripe_client: stripe.StripeClient, aws: AwsWorld) -> None:
+        localstripe_url: str, stripe_client: stripe.StripeClient,
+        mail_server: MailServer, aws: AwsWorld) -> None:
     settings.STRIPE_API_KEY, settings.STRIPE_API_BASE = STRIPE_TEST_KEY, localstripe_url
     settings.STATEGUARD_SANDBOX_DIR = str(tmp_path)
+    mail_server.use_in(settings)
     settings.STATEGUARD_BENCH_AGENTS = True
     agent_world(agent, aws)
     alice, bob = make_user("alice", "submitter"), make_user("bob", "operator")
@@ -52,9 +55,10 @@ def test_it_compensates_a_succeeded_run_of_every_agent(
 
 def test_it_apologises_for_a_travel_confirmation_and_refunds_the_trip(
         transactional_db: None, settings: Any, tmp_path: Path, localstripe_url: str,
-        stripe_client: stripe.StripeClient) -> None:
+        stripe_client: stripe.StripeClient, mail_server: MailServer) -> None:
     settings.STRIPE_API_KEY, settings.STRIPE_API_BASE = STRIPE_TEST_KEY, localstripe_url
     settings.STATEGUARD_SANDBOX_DIR = str(tmp_path)
+    mail_server.use_in(settings)
     run = services.run_submit(agent="travel", by=make_user("alice", "submitter"),
                               input=AGENT_INPUTS["travel"])
     tasks.run_execute(run.pk)
@@ -62,8 +66,13 @@ def test_it_apologises_for_a_travel_confirmation_and_refunds_the_trip(
     run.refresh_from_db()
     tasks.run_request(run.pk, run.request["id"])
 
-    outbox = sorted(p.name for p in (tmp_path / "outbox").iterdir())
-    assert outbox == [f"{run.code}-apology.eml", f"{run.code}-confirmation.eml"]
-    assert "Your trip is cancelled" in (tmp_path / "outbox" / outbox[0]).read_text()
+    confirmation, apology = mail_server.messages(run=str(run.code))  # over SMTP, one each
+    assert apology["Subject"] == "Cancelled: your trip to Lisbon"
+    assert apology["In-Reply-To"] == confirmation["Message-ID"]
+    ledger = [(e.provider, e.kind, e.external_id, e.status, e.undoes)
+              for e in run.effects.filter(provider="smtp").order_by("pk")]
+    assert ledger == [
+        ("smtp", "email", confirmation["Message-ID"], "compensated", ""),
+        ("smtp", "email", apology["Message-ID"], "compensated", confirmation["Message-ID"])]
     [charge] = stripe_client.v1.charges.list().data
     assert (charge.amount, charge.amount_refunded) == (42_00, 42_00)

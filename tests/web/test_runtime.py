@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -62,3 +63,20 @@ def test_it_offers_the_benchmark_agent_only_when_enabled() -> None:
         assert "noop5" in runtime.agent_names()
         assert runtime.guard_for("noop5")[2].name == "noop5"
     assert not Run.objects.exists()
+
+
+def test_it_hands_the_agents_djangos_mail_settings_and_the_servers_folder(
+        tmp_path: Path) -> None:
+    with override_settings(EMAIL_HOST="mail.shop.test", EMAIL_PORT=465, EMAIL_USE_SSL=True,
+                           EMAIL_HOST_USER="agent", EMAIL_HOST_PASSWORD="s3cret",
+                           EMAIL_TIMEOUT=7, DEFAULT_FROM_EMAIL="Shop <trips@shop.test>",
+                           STATEGUARD_MAIL_DIR=None):
+        mail = runtime.agent_settings().mail
+    assert mail is not None
+    assert (mail.host, mail.port, mail.use_ssl, mail.use_tls, mail.username, mail.password,
+            mail.timeout, mail.from_email, mail.mail_dir) == (
+        "mail.shop.test", 465, True, False, "agent", "s3cret", 7.0, "Shop <trips@shop.test>",
+        None)
+    assert "s3cret" not in repr(runtime.agent_settings())
+    with override_settings(STATEGUARD_MAIL_DIR=tmp_path / "mail"):
+        assert runtime.agent_settings().mail.mail_dir == tmp_path / "mail"  # type: ignore[union-attr]

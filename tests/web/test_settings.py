@@ -254,3 +254,43 @@ def test_it_refuses_a_dashboard_that_would_ask_about_workers_nonstop(
     monkeypatch.setenv("STATEGUARD_WORKERS_POLL_SECONDS", "5")
     assert runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))[
         "STATEGUARD_WORKERS_POLL_SECONDS"] == 5.0
+
+
+def test_it_refuses_a_negative_lease_grace_and_reads_the_worker_lock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STATEGUARD_LEASE_GRACE_SECONDS", "-1")
+    with pytest.raises(ImproperlyConfigured, match="STATEGUARD_LEASE_GRACE_SECONDS"):
+        runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))
+    monkeypatch.setenv("STATEGUARD_LEASE_GRACE_SECONDS", "0")
+    monkeypatch.setenv("STATEGUARD_WORKER_LOCK", "false")
+    made = runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))
+    assert (made["STATEGUARD_LEASE_GRACE_SECONDS"], made["STATEGUARD_WORKER_LOCK"]) == (0, False)
+
+
+def test_it_mails_through_make_runs_server_under_debug_and_a_real_one_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("EMAIL_URL", "STATEGUARD_MAIL_DIR", "DEFAULT_FROM_EMAIL"):
+        monkeypatch.delenv(name, raising=False)
+    settings_py = str(ROOT / "stateguard_web" / "settings.py")
+    read = runpy.run_path(settings_py)  # DEBUG is on in the tests
+    assert (read["EMAIL_HOST"], read["EMAIL_PORT"], read["STATEGUARD_MAIL_DIR"]) == (
+        "127.0.0.1", 8025, ROOT / "var" / "mail")  # tools/smtp_server.py, as make run starts it
+    monkeypatch.setenv("DEBUG", "false")
+    monkeypatch.setenv("SECRET_KEY", "x" * 50)
+    read = runpy.run_path(settings_py)
+    assert (read["EMAIL_HOST"], read["EMAIL_PORT"], read["STATEGUARD_MAIL_DIR"]) == (
+        "localhost", 25, None)
+    monkeypatch.setenv("EMAIL_URL", "smtp+tls://agent:s3cret@mail.shop.test:587")
+    monkeypatch.setenv("STATEGUARD_MAIL_DIR", "/srv/mail")
+    read = runpy.run_path(settings_py)
+    assert (read["EMAIL_HOST"], read["EMAIL_PORT"], read["EMAIL_USE_TLS"],
+            read["EMAIL_HOST_USER"], read["STATEGUARD_MAIL_DIR"]) == (
+        "mail.shop.test", 587, True, "agent", Path("/srv/mail"))
+
+
+@pytest.mark.parametrize("sender", ["StateGuard", "ops@", "Ops <ops@shop_test>"])
+def test_it_refuses_a_sender_that_is_not_an_address(
+        sender: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEFAULT_FROM_EMAIL", sender)
+    with pytest.raises(ImproperlyConfigured, match=r"DEFAULT_FROM_EMAIL is .*an address"):
+        runpy.run_path(str(ROOT / "stateguard_web" / "settings.py"))

@@ -33,6 +33,17 @@ key = accounts.api_key_authenticate(accounts.api_key_create(user=user, name="lit
 detail = selectors.run_detail(run=selectors.run_get(code=bad.code, detail=True))
 print(json.dumps([access.may(key.user, access.Ability.OPERATE), len(detail["steps"]),
                   len(detail["compensations"][0]["attempts"]), len(detail["audit"])]))
+# Leases judged by SQLite's clock: the sweep hands over the run whose lease ran out, and
+# another owner may take that one, not the one whose lease runs.
+import time
+from stateguard_web.sagas.journal import DjangoJournal
+running, gone = (Run.objects.create(agent="provision", status="running") for _ in range(2))
+assert DjangoJournal().lock_acquire(str(running.code), "a", 60)
+assert DjangoJournal().lock_acquire(str(gone.code), "b", 0.05)
+time.sleep(0.1)
+print(json.dumps([tasks.sweep_expired_leases(),
+                  DjangoJournal().lock_acquire(str(gone.code), "c", 60),
+                  DjangoJournal().lock_acquire(str(running.code), "c", 60)]))
 """
 
 
@@ -42,8 +53,9 @@ def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, sqlite_url: str,
     env = {"DATABASE_URL": sqlite_url, "STATEGUARD_SANDBOX_DIR": str(tmp_path / "sandbox")}
     result = manage_py("shell", "-c", SCRIPT, env=env)
     assert result.returncode == 0, result.stderr
-    *_, journal, api = result.stdout.strip().splitlines()
+    *_, journal, api, leases = result.stdout.strip().splitlines()
     assert json.loads(api)[:3] == [True, 4, 1] and json.loads(api)[3] >= 1
+    assert json.loads(leases) == [1, True, False]
     assert json.loads(journal) == {
         "lite-1": ["succeeded", ["succeeded"] * 4, []],
         "lite-2": ["compensated", ["succeeded"] * 3 + ["failed"], ["succeeded"] * 3],

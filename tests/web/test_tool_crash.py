@@ -12,11 +12,13 @@ with the customer still charged.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from stateguard.history import MARK
 from stateguard_web.sagas.models import Run
 from tests.web.crash_procs import Procs
 
@@ -99,6 +101,13 @@ def test_a_process_killed_inside_the_booking_refunds_the_charge_once(procs: Proc
 
     assert result["status"] == "compensated", result
     assert procs.effects() == ["charge:500", "started:book", "refund:ch_500"]
+    # The refund was given the conversation up to the charge's answer, rebuilt from the rows
+    # the dead worker journaled (stateguard.history), not the thread's state.
+    state = json.loads((procs.path / "refund_state.json").read_text())
+    assert [(m["type"], m["content"]) for m in state["messages"]] == [
+        ("human", "book me a trip"), ("ai", ""), ("tool", '{"id": "ch_500"}')]
+    step = procs.step(CHARGE)
+    assert step is not None and MARK in step.state_after["messages"]
 
 
 def test_a_resumed_run_books_without_charging_again(procs: Procs) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,7 @@ from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 from tests.agents.provision_support import NOTHING, server
 from tests.aws_world import AwsWorld
-from tests.web.conftest import Workers, ledger, wait_for
+from tests.web.conftest import Workers, held_keys, ledger, wait_for
 
 DONE = {Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION}
 
@@ -68,35 +67,6 @@ def test_it_unwinds_a_failing_run_with_every_step_and_attempt_in_the_db(
     assert [(c.node, c.status, c.attempts.count()) for c in comps] == [
         ("attach_address", "succeeded", 1), ("launch_instance", "succeeded", 1),
         ("create_group", "succeeded", 1)]
-
-
-def test_it_recovers_a_run_whose_worker_was_killed(workers: Workers, aws: AwsWorld) -> None:
-    doomed = workers.start("doomed")
-    run = services.run_submit(agent="provision", input={
-        "name": "api-3", "sleep_at": "attach_address", "sleep_seconds": 60})
-    # The checkpoint that names attach_address next is saved before its body starts (sync
-    # durability), and the body sleeps a minute before its effect: kill the worker there.
-    wait_for(lambda: next_nodes(run) == ("attach_address",), 60,
-             "the worker to go on into attach_address", workers.logs)
-    workers.kill(doomed)
-    killed_at = time.time()
-    workers.start("rescuer", beat=True)
-    wait_for(lambda: finished(run), 60, "recovery to unwind the run", workers.logs)
-
-    recovery = AuditEvent.objects.get(run=run, action="run.recovering")
-    started_after = recovery.created_at.timestamp() - killed_at
-    print(f"P4: recovery started {started_after:.1f} s after SIGKILL "
-          f"(lease, renew, sweep = {workers.env['STATEGUARD_LEASE_SECONDS']}, "
-          f"{workers.env['STATEGUARD_LEASE_RENEW_SECONDS']}, "
-          f"{workers.env['STATEGUARD_SWEEP_SECONDS']} s)")
-    assert started_after < 15
-    assert run.status == Run.Status.COMPENSATED
-    # Each effect happened once and was undone once; the step in doubt (killed before it
-    # allocated anything) had nothing to undo.
-    assert ledger(run) == ["security_group", "instance", "termination", "deletion"]
-    assert aws.live() == NOTHING and aws.instances(alive=False) == ["api-3"]
-    comp = Compensation.objects.get(run=run, node="attach_address")
-    assert comp.status == Compensation.Status.NOTHING_TO_UNDO
 
 
 def test_it_removes_what_a_killed_workers_step_made_before_its_result_was_saved(
@@ -217,13 +187,17 @@ def test_it_keeps_its_database_connections_between_runs_and_replaces_dropped_one
     run_one("conn-1")
     before = backends()
     for i in (2, 3, 4):
-        run_one(f"conn-{i}")
+        last = run_one(f"conn-{i}")
     assert before and backends() == before  # the same connection, not one per run
 
     with connection.cursor() as cursor:  # what a database restart does to the worker
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                        "datname = current_database() AND pid <> pg_backend_pid()")
-    assert run_one("conn-5").status == Run.Status.SUCCEEDED
+    after = run_one("conn-5")
+    assert after.status == Run.Status.SUCCEEDED
+    # Its process lock went with the old session: the new lease names a new one, held.
+    assert last.lease_lock is not None and after.lease_lock not in (None, last.lease_lock)
+    assert after.lease_lock in held_keys()
 
 
 def test_two_workers_journal_every_step_of_many_runs_once_and_in_order(

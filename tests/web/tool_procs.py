@@ -18,7 +18,8 @@ ends the process (``os._exit(9)``) as soon as the charge call is journaled succe
 ``step.succeeded`` event), before LangGraph writes the call's answer. ``--in-doubt-safe`` makes
 the refund look for the charge before it refunds (as a real one asks Stripe by the idempotency
 key), so it may run for a call in doubt. The database is ``DATABASE_URL`` (the test's); effects
-go to DIR/effects.log, one line each.
+go to DIR/effects.log, one line each; the refund writes the state it is given to
+DIR/refund_state.json.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Plan(BaseChatModel):
 
 
 def refund(state: Any, ctx: Any) -> bool:
+    (ARGS.dir / "refund_state.json").write_text(json.dumps(state, default=repr))
     if not ctx.in_doubt:
         log(f"refund:{ctx.tool_call.result['id']}")
         return True

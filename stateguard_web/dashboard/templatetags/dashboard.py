@@ -25,6 +25,7 @@ from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
+from agents.mailbox import digest_of
 from stateguard_web.dashboard import errors, labels, pages
 
 register = template.Library()
@@ -237,3 +238,9 @@ def attempt_groups(attempts: Any) -> list[errors.AttemptGroup]:
 def capped(count: int) -> str:
     """A count from ``pages.capped_count`` as shown: "1000+" past the cap."""
     return f"{pages.COUNT_CAP}+" if count > pages.COUNT_CAP else str(count)
+
+
+@register.filter
+def mail_digest(message_id: Any) -> str:
+    """What names an e-mail in the Outbox's URL: its ``Message-ID``'s digest."""
+    return digest_of(str(message_id))

@@ -3,7 +3,9 @@
 Fencing: when this journal takes a run's lease it remembers the run's fencing token, and every
 later write for that run first bumps the run row *only if the token is unchanged*, in the same
 transaction as the write. A worker whose lease expired and was taken over (the token grew)
-gets ``LeaseLost`` instead of writing; the row lock also serializes a run's writes.
+gets ``LeaseLost`` instead of writing; the row lock also serializes a run's writes. When a
+lease may be taken over is ``leases``' to say: the holder's process gone (its ``ProcessLock``
+free), or the lease expired, by the database's clock.
 
 With ``defer_steps=True`` (PostgreSQL, with ``JournalingPostgresSaver``) the step rows of a run's
 first run (leased while pending) are written with LangGraph's checkpoint writes instead of on
@@ -34,7 +36,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connection, transaction
@@ -61,6 +63,8 @@ from stateguard.records import (
 )
 from stateguard.tool_calls import TOOL_TAG
 from stateguard_web.sagas import events, signals
+from stateguard_web.sagas.journal.leases import NOW_PLUS, TAKEN_OVER
+from stateguard_web.sagas.journal.process_lock import ProcessLock
 from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 from stateguard_web.sagas.models import (
     Approval,
@@ -108,13 +112,17 @@ _RUN_COLUMNS = "code, status, error, lease_owner, lease_expires_at, created_at, 
 # succeeded. Each saves a disk flush per run.
 _NO_FLUSH = (" FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush"
              if connection.vendor == "postgresql" else "")
-# Take or renew the lease; a new holder gets the next fencing token.
+# Take or renew the lease, naming this process's lock; a new holder gets the next fencing
+# token. Taken from another owner only as ``leases.TAKEN_OVER`` allows (its parameter: the grace).
 _LOCK = f"""
-UPDATE {_RUN} SET lease_owner = %s, lease_expires_at = %s,
+UPDATE {_RUN} SET lease_owner = %s, lease_expires_at = {NOW_PLUS}, lease_lock = %s,
     fencing_token = CASE WHEN lease_owner = %s THEN fencing_token ELSE fencing_token + 1 END
 {_NO_FLUSH}
-WHERE code = %s AND (lease_owner = '' OR lease_owner = %s OR lease_expires_at < %s)
+WHERE code = %s AND (lease_owner = '' OR lease_owner = %s OR {TAKEN_OVER})
 RETURNING fencing_token, {_RUN_COLUMNS}"""
+_RENEW = f"""
+UPDATE {_RUN} SET lease_expires_at = {NOW_PLUS}, lease_lock = %s
+WHERE code = %s AND lease_owner = %s AND fencing_token = %s"""
 _GET = f"SELECT {_RUN_COLUMNS} FROM {_RUN} WHERE code = %s"
 # ``release``: a succeeded run is done, so the write that says so also gives up its lease.
 # Only from a status the state machine allows to go to the new one (lifecycle.CHANGES): the
@@ -180,7 +188,14 @@ def is_fenced_out(exc: BaseException) -> bool:
 
 
 class DjangoJournal:
-    def __init__(self, *, defer_steps: bool = False) -> None:
+    """``process_lock``: this process's lock, named by every lease it takes, so that a lease
+    of a process that died is taken over at once; ``grace``: seconds past its expiry that a
+    lease whose holder lives is kept (``leases``)."""
+
+    def __init__(self, *, defer_steps: bool = False, process_lock: ProcessLock | None = None,
+                 grace: float = 60.0) -> None:
+        self.process_lock = process_lock
+        self.grace = float(grace)
         self._fences: dict[str, int] = {}  # run id -> fencing token held by this journal
         self.defers_steps = defer_steps
         self._buffer = StepBuffer()
@@ -327,15 +342,15 @@ class DjangoJournal:
         if status in _NOTIFY:  # a run that waits for an operator: rare, never once per step
             signals.run_waits.send(sender=Run, run_code=run_id, status=status)
 
+    def _lock_key(self, *, check: bool = False) -> int | None:
+        return None if self.process_lock is None else self.process_lock.key(check=check)
+
     def lock_acquire(self, run_id: str, owner: str, ttl: float) -> bool:
         code = Run._meta.get_field("code").get_db_prep_value(uuid.UUID(run_id), connection)
-        now = timezone.now()
-        expires = Run._meta.get_field("lease_expires_at").get_db_prep_value(
-            now + timedelta(seconds=ttl), connection)
-        at = Run._meta.get_field("lease_expires_at").get_db_prep_value(now, connection)
+        key = self._lock_key()
         for _ in range(2):
             with connection.cursor() as cursor:
-                cursor.execute(_LOCK, [owner, expires, owner, code, owner, at])
+                cursor.execute(_LOCK, [owner, float(ttl), key, owner, code, owner, self.grace])
                 row = cursor.fetchone()
             if row is not None:
                 self._released.discard(run_id)
@@ -356,8 +371,13 @@ class DjangoJournal:
         token = self._fences.get(run_id)
         if token is None:
             return False
-        return bool(Run.objects.filter(code=run_id, lease_owner=owner, fencing_token=token)
-                    .update(lease_expires_at=timezone.now() + timedelta(seconds=ttl)))
+        # Checks that the process lock still lives: after a database restart the old one is
+        # free, and a lease naming it would be taken over at the next sweep.
+        key = self._lock_key(check=True)
+        code = Run._meta.get_field("code").get_db_prep_value(uuid.UUID(run_id), connection)
+        with connection.cursor() as cursor:
+            cursor.execute(_RENEW, [float(ttl), key, code, owner, token])
+            return bool(cursor.rowcount)
 
     def lock_release(self, run_id: str, owner: str) -> None:
         try:

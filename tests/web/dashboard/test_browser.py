@@ -356,7 +356,36 @@ def test_an_operator_approves_an_ai_agents_tool_call_from_its_page(
     assert statuses and "failed" not in statuses and "waiting" not in statuses, statuses
     [charge] = stripe_client.v1.charges.list().data
     assert charge.amount_refunded == 250_00
+    # The ledger fits the page at 1280 px: its long ids (Message-IDs) wrap, not the table.
+    assert page.evaluate("(() => { const w = document.querySelector('.effects')"
+                         ".closest('.table-wrap'); return w.scrollWidth <= w.clientWidth; })()")
     shot(page, "21b-tool-run-compensated")
+
+    # The e-mails went over SMTP to the test's server: the ledger links each to the Outbox.
+    links = page.locator("[data-mail-link]")
+    assert links.count() == 2  # the confirmation, and the apology that undoes it
+    links.nth(1).click()
+    page.wait_for_selector("[data-in-reply-to]")
+    apology_url = page.url
+    assert page.locator(".mail-subject").inner_text() == "Cancelled: your trip to Lisbon"
+    assert page.locator("[data-run]").get_attribute("data-run") == str(trip.code)
+    assert "it is cancelled" in page.locator(".mail-body").inner_text()
+    shot(page, "35-outbox-apology")
+    page.click("[data-in-reply-to]")  # the confirmation it answers
+    page.wait_for_selector('.mail-subject:has-text("Your trip to Lisbon")')
+    page.click("nav.nav >> text=Outbox")
+    page.wait_for_selector("table.outbox")
+    rows = page.locator(f'tr[data-run="{trip.code}"] td.subject > a')
+    assert rows.all_inner_texts() == ["Cancelled: your trip to Lisbon", "Your trip to Lisbon"]
+    shot(page, "36-outbox")
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    for address, name in [(url + "/outbox/", "37-phone-outbox"),
+                          (apology_url, "38-phone-outbox-apology")]:
+        small.goto(address)
+        assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"], name
+        shot(small, name)
+    phone.close()
     context.close()
 
 
@@ -629,7 +658,7 @@ def test_every_page_passes_its_content_security_policy(
     live(page)  # websockets pass the policy ('self')
     for path in ["/inbox/approvals/", "/inbox/attention/", f"/runs/{stuck.code}/",
                  f"/runs/{stuck.code}/?confirm=resolve",
-                 f"/batches/new?action=compensate&runs={stuck.code}",
+                 f"/batches/new?action=compensate&runs={stuck.code}", "/outbox/",
                  "/admin/", "/admin/sagas/run/", f"/admin/sagas/run/{stuck.pk}/change/",
                  "/admin/accounts/apikey/add/"]:
         assert page.goto(url + path).headers["content-security-policy"] == policy, path
