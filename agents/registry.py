@@ -41,18 +41,31 @@ OnError = ErrorPolicy | Callable[[BaseException], ErrorPolicy]
 
 
 @dataclass(frozen=True, kw_only=True)
+class AwsSettings:
+    """Where the agents' AWS calls go (``agents/aws.py`` makes the clients): ``endpoint_url``
+    is a local stand-in (moto's server under ``make run`` and the tests), or None for AWS
+    itself; keys None leave the credentials to boto3's own chain (an instance role, say)."""
+
+    region: str
+    endpoint_url: str | None
+    access_key_id: str | None = field(repr=False)
+    secret_access_key: str | None = field(repr=False)
+
+
+@dataclass(frozen=True, kw_only=True)
 class AgentSettings:
     """What the deployment tells its agents. The web app builds it from Django settings
-    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``, and ``EMAIL_*``
-    for ``mail``); a script or a test builds its own. No defaults here: the deployment's
-    settings are the one place for them (``mail=None``: this deployment sends no e-mail, and
-    an agent that does refuses to start). Secrets stay out of the repr, which logs and
-    tracebacks print."""
+    (``STRIPE_API_KEY``, ``STRIPE_API_BASE``, ``STATEGUARD_SANDBOX_DIR``, ``EMAIL_*`` for
+    ``mail``, ``AWS_*`` for ``aws``); a script or a test builds its own. No defaults here: the
+    deployment's settings are the one place for them (``mail=None``: this deployment sends no
+    e-mail, and an agent that does refuses to start; ``aws=None`` likewise for AWS). Secrets
+    stay out of the repr, which logs and tracebacks print."""
 
     stripe_api_key: str = field(repr=False)
     stripe_api_base: str
     sandbox_dir: Path
     mail: MailSettings | None = None  # the SMTP server (agents.mail)
+    aws: AwsSettings | None = None  # the AWS API (agents.aws)
     # Agent name -> the options the deployment gives it (STATEGUARD_AGENT_OPTIONS): the
     # addresses, keys and switches an agent of a team's own needs. Out of the repr: secrets.
     options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, repr=False)
@@ -152,7 +165,8 @@ def run_id(config: RunnableConfig) -> str:
 
 
 ENTRY_POINT_GROUP = "stateguard.agents"
-_BUILT_IN = ("agents.checkout", "agents.noop", "agents.provision", "agents.travel")
+_BUILT_IN = ("agents.checkout", "agents.cleanup", "agents.noop", "agents.provision",
+             "agents.travel")
 _modules: tuple[str, ...] = ()
 _loaded: set[str] = set()
 _complete = False  # every source imported: names() and get() are asked on every request

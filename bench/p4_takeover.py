@@ -15,7 +15,7 @@ in one of two ways, taken in turn so that both see the same machine:
 - ``lease``: off: the lease alone, as before process locks (and on SQLite).
 
 Kills (``--kills`` each way): the victim takes a provision run that sleeps two minutes in
-``allocate_port`` and is SIGKILLed there, its whole process group (the host died). Measured:
+``attach_address`` and is SIGKILLed there, its whole process group (the host died). Measured:
 from the kill to the sweep handing the run over (its ``requeued_at``) and to recovery starting
 (its ``run.recovering`` audit event, written by the rescuer), both on this host's clock.
 
@@ -82,7 +82,7 @@ def main() -> None:
                                "STATEGUARD_SWEEP_SECONDS"), args.lease.split(","), strict=True))
 
     from bench import databases
-    from bench.procs import Worker, start_localstripe
+    from bench.procs import Worker, start_localstripe, start_moto
 
     databases.recreate(DB_NAME)
     import django
@@ -96,8 +96,9 @@ def main() -> None:
 
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
     ls_proc, ls_url = start_localstripe(log_dir)
+    aws_proc, aws_url = start_moto(log_dir)  # the provision runs' AWS
     relay = StripeRelay(ls_url)
-    env = {**os.environ, "STRIPE_API_BASE": relay.url}
+    env = {**os.environ, "STRIPE_API_BASE": relay.url, "AWS_ENDPOINT_URL": aws_url}
     celery = [sys.executable, "-m", "celery", "-A", "stateguard_web"]
     beat = Worker("beat", [*celery, "beat", "-l", "info", "-s", str(log_dir / "beat-schedule")],
                   env, log_dir)
@@ -141,6 +142,8 @@ def main() -> None:
         relay.close()
         ls_proc.terminate()
         ls_proc.wait(timeout=30)
+        aws_proc.kill()
+        aws_proc.wait(timeout=30)
     (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     bad = print_report(report)
     print(f"logs and report.json in {log_dir}")
@@ -185,12 +188,12 @@ def kill(victim: Any, way: str, i: int) -> dict[str, Any]:
 
     victim.start()
     wait(victim.ready, 120, f"victim-{way} to boot")
-    run = submit("provision", {"name": f"p4-{i}", "sleep_at": "allocate_port",
+    run = submit("provision", {"name": f"p4-{i}", "sleep_at": "attach_address",
                                "sleep_seconds": 120})
     graph = guard_for("provision")[1]
-    # The checkpoint naming allocate_port is saved before its body (sync durability) sleeps.
-    wait(lambda: graph.get_state(config_for(run.thread_id)).next == ("allocate_port",), 60,
-         "the victim to go into allocate_port")
+    # The checkpoint naming attach_address is saved before its body (sync durability) sleeps.
+    wait(lambda: graph.get_state(config_for(run.thread_id)).next == ("attach_address",), 60,
+         "the victim to go into attach_address")
     killed = time.time()
     victim.kill()
     event = wait(lambda: recoveries(run).first(), 120, "recovery to start")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -85,3 +86,23 @@ def start_localstripe(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
         proc.kill()
         raise SystemExit(f"localstripe did not start: {line!r}")
     return proc, line.split("listening on ", 1)[1].split()[0].rstrip(",")
+
+
+def start_moto(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    """moto's server (the local AWS of the provision agent) on a free port, once it answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=(log_dir / "moto.log").open("wb"), text=True,
+        start_new_session=True)
+    deadline = time.monotonic() + 30
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"http://127.0.0.1:{port}"
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"moto did not start: see {log_dir / 'moto.log'}")
+        time.sleep(0.1)

@@ -466,6 +466,30 @@ if _stripe_live_key and not STRIPE_API_BASE.startswith("https://"):
         "a test key (sk_test_...) with the local stand-in."
     )
 
+# AWS, for the agents that call it (provision, cleanup). Without keys, or with moto's dummy
+# "testing" ones, they talk to the local stand-in, moto's server (`make run` starts it on 8430);
+# with real keys, to AWS itself. AWS_ENDPOINT_URL says otherwise: a URL, or empty for AWS itself
+# (with the keys of boto3's own chain: an instance role, ~/.aws). Nothing but these settings
+# reaches the agents' clients (agents/aws.py): not ~/.aws's endpoint nor its region.
+_aws_key = env.str("AWS_ACCESS_KEY_ID", default="")
+_aws_real_key = _aws_key not in ("", "testing")
+AWS_ENDPOINT_URL = env.str("AWS_ENDPOINT_URL",
+                           default="" if _aws_real_key else "http://127.0.0.1:8430") or None
+if AWS_ENDPOINT_URL is not None and not re.fullmatch(r"https?://[^\s/?#]+/?", AWS_ENDPOINT_URL):
+    raise ImproperlyConfigured(f"AWS_ENDPOINT_URL is {AWS_ENDPOINT_URL!r}: it must be a URL "
+                               "like http://127.0.0.1:8430 (no path), or empty for AWS itself.")
+AWS_REGION = env.str("AWS_REGION", default=env.str("AWS_DEFAULT_REGION", default="us-east-1"))
+if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", AWS_REGION):
+    raise ImproperlyConfigured(f"AWS_REGION is {AWS_REGION!r}: it must be a region name like "
+                               "us-east-1.")
+# The stand-in takes any keys; AWS itself, none here: boto3's chain then finds them.
+AWS_ACCESS_KEY_ID = _aws_key or ("testing" if AWS_ENDPOINT_URL else None)
+AWS_SECRET_ACCESS_KEY = (env.str("AWS_SECRET_ACCESS_KEY", default="")
+                         or ("testing" if AWS_ENDPOINT_URL else None))
+if bool(_aws_key) != bool(env.str("AWS_SECRET_ACCESS_KEY", default="")):
+    raise ImproperlyConfigured("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY go together: set "
+                               "both, or neither.")
+
 _SWEEP_TASKS = tuple(entry["task"] for entry in CELERY_BEAT_SCHEDULE.values())
 
 

@@ -2,6 +2,8 @@
 
 * ``localstripe_url`` (session): a private localstripe on 127.0.0.1 (see
   ``tools/localstripe_server.py``), started once per test session.
+* ``moto_url`` (session) and ``aws`` (function): moto's server, a local AWS API, started once
+  per session and reset for each test that asks for ``aws`` (``tests/aws_world.py``).
 * ``stripe_client`` (function): an empty localstripe store plus a ``stripe.StripeClient``
   pointed at it; the module-level ``stripe.api_key`` / ``stripe.api_base`` are set too
   (and restored afterwards) for code that uses the global style.
@@ -24,6 +26,9 @@ from typing import TYPE_CHECKING
 import pytest
 import stripe
 
+from agents.registry import AwsSettings
+from tests.aws_world import AwsWorld
+
 # The saga chaos harness's fixture (stateguard's pytest11 entry point loads it once stateguard is
 # installed from a checkout that declares it; named so, it is not loaded twice).
 pytest_plugins = ["stateguard.testing"]
@@ -33,7 +38,8 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALSTRIPE_LAUNCHER = ROOT / "tools" / "localstripe_server.py"
-LOCALSTRIPE_START_TIMEOUT = 20.0
+SERVER_START_TIMEOUT = 20.0
+AWS_REGION = "us-east-1"
 STRIPE_TEST_KEY = "sk_test_stateguard"
 
 
@@ -51,33 +57,28 @@ def _port_answers(host: str, port: int) -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
-def localstripe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    host, port = "127.0.0.1", _free_port()
+def _serve(argv: list[str], name: str, port: int, folder: Path) -> Iterator[str]:
+    """Run ``argv`` (a server that listens on 127.0.0.1:``port``) until the generator closes;
+    yield its URL once the port answers."""
+    host = "127.0.0.1"
     # Output goes to a file, not a pipe: the access log would otherwise fill an unread
     # pipe buffer and block the server.
-    log_path = tmp_path_factory.mktemp("localstripe") / "localstripe.log"
+    log_path = folder / f"{name}.log"
     with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(LOCALSTRIPE_LAUNCHER), "--port", str(port)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         try:
-            deadline = time.monotonic() + LOCALSTRIPE_START_TIMEOUT
+            deadline = time.monotonic() + SERVER_START_TIMEOUT
             while not _port_answers(host, port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     code = proc.poll()
                     why = (
                         f"exited with code {code}"
                         if code is not None
-                        else f"did not answer within {LOCALSTRIPE_START_TIMEOUT:.0f}s"
+                        else f"did not answer within {SERVER_START_TIMEOUT:.0f}s"
                     )
                     output = log_path.read_text(errors="replace")
-                    pytest.fail(
-                        f"localstripe on {host}:{port} {why}. Output:\n{output}", pytrace=False
-                    )
+                    pytest.fail(f"{name} on {host}:{port} {why}. Output:\n{output}",
+                                pytrace=False)
                 time.sleep(0.05)
             yield f"http://{host}:{port}"
         finally:
@@ -87,6 +88,37 @@ def localstripe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="session")
+def localstripe_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    yield from _serve([sys.executable, str(LOCALSTRIPE_LAUNCHER), "--port", str(port)],
+                      "localstripe", port, tmp_path_factory.mktemp("localstripe"))
+
+
+@pytest.fixture(scope="session")
+def moto_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """moto's server (a local AWS API), one per test session (so one per xdist worker)."""
+    port = _free_port()
+    yield from _serve([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                      "moto", port, tmp_path_factory.mktemp("moto"))
+
+
+@pytest.fixture
+def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> AwsWorld:
+    """An empty local AWS (moto's server, reset) and what to count in it. The environment
+    names it too (``AWS_ENDPOINT_URL``, the region and dummy keys), for the processes a test
+    starts: the web app's settings read it from there."""
+    request = urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    settings = AwsSettings(region=AWS_REGION, endpoint_url=moto_url, access_key_id="testing",
+                           secret_access_key="testing")
+    for name, value in [("AWS_ENDPOINT_URL", moto_url), ("AWS_REGION", AWS_REGION),
+                        ("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing")]:
+        monkeypatch.setenv(name, value)
+    return AwsWorld(settings)
 
 
 def flush_localstripe(url: str) -> None:

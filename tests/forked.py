@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = ["langgraph.graph", "langgraph.prebuilt", "langgraph.func", "langchain_core.messages",
            "langchain_core.tools", "langsmith", "pydantic", "stripe", "psycopg", "redis",
-           "celery", "kombu", "billiard", "django.db.models",
+           "celery", "kombu", "billiard", "django.db.models", "boto3",
            "tests.core.procs", "tests.core.tool_procs", "tests.core.func_procs",
            "tests.core.sweep_procs", "stateguard.cli",
            "tests.web.func_procs", "tests.web.tool_procs"]

@@ -11,7 +11,8 @@
    beat. A process that dies is restarted (with
    a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
    supervisor exits 0 (make, after Ctrl-C, then dies of the SIGINT itself: status 130), and if
-   the supervisor is killed outright they stop by themselves (tools/supervise.py).
+   the supervisor is killed outright they stop by themselves (tools/supervise.py). Among them,
+   moto's server on 8430: the local AWS API of the provision and cleanup agents, in memory.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ADMIN_URL = "http://127.0.0.1:8000/admin/"
 # Whatever answers on one of these is not this stack's: another `make run` (maybe from another
 # checkout), or a process one left behind. Using it would mix that one's queue and data in.
 PORTS = {8000: "web (Daphne)", 8420: "stripe (localstripe)", 8025: "mail (SMTP)",
-         6390: "embedded Redis"}
+         8430: "aws (moto)", 6390: "embedded Redis"}
 
 
 def _port_in_use(port: int) -> bool:

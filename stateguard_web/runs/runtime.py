@@ -27,7 +27,7 @@ from psycopg_pool import ConnectionPool
 
 from agents import registry
 from agents.mail import MailSettings
-from agents.registry import AgentSettings, AgentSpec
+from agents.registry import AgentSettings, AgentSpec, AwsSettings
 from stateguard import RetryLater, StateGuardCheckpointer
 from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
@@ -106,6 +106,10 @@ def agent_settings() -> AgentSettings:
                          stripe_api_base=settings.STRIPE_API_BASE,
                          sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
                          mail=mail_settings(),
+                         aws=AwsSettings(region=settings.AWS_REGION,
+                                         endpoint_url=settings.AWS_ENDPOINT_URL,
+                                         access_key_id=settings.AWS_ACCESS_KEY_ID,
+                                         secret_access_key=settings.AWS_SECRET_ACCESS_KEY),
                          options=settings.STATEGUARD_AGENT_OPTIONS)
 
 
@@ -180,7 +184,8 @@ def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
     if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
                    "STATEGUARD_ON_CRASH", "STATEGUARD_MAIL_DIR", "DEFAULT_FROM_EMAIL",
-                   ) or setting.startswith(("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_")):
+                   "STATEGUARD_AGENT_OPTIONS") or setting.startswith(
+                       ("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_", "AWS_")):
         _guard.cache_clear()
         _spec.cache_clear()
 

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from tests import forked
+from tests.aws_world import AwsWorld
 from tests.conftest import _free_port, _port_answers
 from tests.mail_server import MailServer
 
@@ -38,7 +39,18 @@ AGENT_INPUTS: dict[str, dict[str, Any]] = {
     "travel": {"email": "alice@example.com", "destination": "Lisbon", "nights": 2,
                "amount": 42_00},
     "noop5": {"n": 1},
+    "cleanup": {"bucket": "files", "key": "notes.txt"},
 }
+
+
+def agent_world(agent: str, aws: AwsWorld) -> None:
+    """What ``agent``'s input in AGENT_INPUTS needs to exist in the world: the cleanup agent's
+    file, in a bucket with versioning on."""
+    if agent == "cleanup":
+        aws.s3.create_bucket(Bucket="files")
+        aws.s3.put_bucket_versioning(Bucket="files",
+                                     VersioningConfiguration={"Status": "Enabled"})
+        aws.s3.put_object(Bucket="files", Key="notes.txt", Body=b"keep me")
 
 
 def _manage_py(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -88,16 +100,40 @@ def sqlite_url(_sqlite_migrated: Path, tmp_path: Path) -> str:
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _close_checkpoint_connection(django_db_setup: None) -> Iterator[None]:
+def _close_checkpoint_connection(django_db_setup: None,
+                                 django_db_blocker: Any) -> Iterator[None]:
     yield
+    from django.db import connection
+
     from stateguard_web.runs import runtime
 
     runtime.close()  # else the test database cannot be dropped: "being accessed by others"
+    # So does the connection of a guard's lease heartbeat, a thread of this process with a
+    # connection of its own, once a run in this process lasted past a renewal. (No test
+    # database when no test of the session asked for one: pytest-django made none.)
+    if not connection.settings_dict["NAME"].startswith("test_"):
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                       "current_database() AND pid <> pg_backend_pid() AND backend_type = "
+                       "'client backend'")
 
 
 @pytest.fixture
-def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A sandbox folder for the provision agent, in this process and in workers."""
+def aws(aws: AwsWorld, settings: Any) -> AwsWorld:
+    """The local AWS (tests/conftest.py), named by this process's Django settings too: the
+    agents built here after it talk to it, as the processes started with the environment do."""
+    settings.AWS_ENDPOINT_URL = aws.settings.endpoint_url
+    settings.AWS_REGION = aws.settings.region
+    settings.AWS_ACCESS_KEY_ID = aws.settings.access_key_id
+    settings.AWS_SECRET_ACCESS_KEY = aws.settings.secret_access_key
+    return aws
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, aws: AwsWorld) -> Path:
+    """The agents' world, in this process and in workers: a sandbox folder (the travel
+    agent's) and an empty local AWS (the provision agent's, ``aws``)."""
     path = tmp_path / "sandbox"
     monkeypatch.setenv("STATEGUARD_SANDBOX_DIR", str(path))
     return path
@@ -108,6 +144,12 @@ def new_run() -> str:
     from stateguard_web.sagas.models import Run
 
     return str(Run.objects.create(agent="test").code)
+
+
+def ledger(run: Any) -> list[str]:
+    """What the ledger says a run did to the world, in order: ``instance``, ``termination``,
+    ..."""
+    return list(run.effects.order_by("recorded_at", "pk").values_list("kind", flat=True))
 
 
 def held_keys() -> set[int]:
@@ -123,10 +165,6 @@ def held_keys() -> set[int]:
                        "pg_database WHERE datname = current_database())", [NAMESPACE])
         return {row[0] for row in cursor.fetchall()}
 
-
-def effects(sandbox: Path) -> list[str]:
-    log = sandbox / "effects.log"
-    return log.read_text().split() if log.exists() else []
 
 
 class Workers:

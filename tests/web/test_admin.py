@@ -13,7 +13,7 @@ class AdminTests(TestCase):
         self.alice = get_user_model().objects.create_superuser("alice", password="pw")
         self.client.force_login(self.alice)
         self.run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED)
-        step = Step.objects.create(run=self.run, step_id="t1", node="create_workspace",
+        step = Step.objects.create(run=self.run, step_id="t1", node="create_group",
                                    status="succeeded", started_at=self.run.created_at)
         comp = Compensation.objects.create(run=self.run, step=step, node=step.node,
                                            idempotency_key="sg-1", status="succeeded")
@@ -27,7 +27,7 @@ class AdminTests(TestCase):
         assert listing.status_code == 200 and str(self.run.code) in listing.content.decode()
         detail = self.client.get(f"/admin/sagas/run/{self.run.pk}/change/")
         page = detail.content.decode()
-        assert detail.status_code == 200 and "create_workspace" in page and "sg-1" in page
+        assert detail.status_code == 200 and "create_group" in page and "sg-1" in page
         comp = self.client.get(f"/admin/sagas/compensation/{self.comp.pk}/change/")
         assert comp.status_code == 200
 

@@ -13,10 +13,11 @@ import stripe
 from agents import registry
 from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Compensation, Run
+from tests.aws_world import AwsWorld
 from tests.conftest import STRIPE_TEST_KEY
 from tests.mail_server import MailServer
 from tests.web.api.world import make_user
-from tests.web.conftest import AGENT_INPUTS
+from tests.web.conftest import AGENT_INPUTS, agent_world
 
 
 def test_it_knows_an_input_for_every_registered_agent() -> None:
@@ -29,11 +30,12 @@ def test_it_knows_an_input_for_every_registered_agent() -> None:
 def test_it_compensates_a_succeeded_run_of_every_agent(
         agent: str, transactional_db: None, settings: Any, tmp_path: Path,
         localstripe_url: str, stripe_client: stripe.StripeClient,
-        mail_server: MailServer) -> None:
+        mail_server: MailServer, aws: AwsWorld) -> None:
     settings.STRIPE_API_KEY, settings.STRIPE_API_BASE = STRIPE_TEST_KEY, localstripe_url
     settings.STATEGUARD_SANDBOX_DIR = str(tmp_path)
     mail_server.use_in(settings)
     settings.STATEGUARD_BENCH_AGENTS = True
+    agent_world(agent, aws)
     alice, bob = make_user("alice", "submitter"), make_user("bob", "operator")
     run = services.run_submit(agent=agent, by=alice, input=AGENT_INPUTS[agent])
     tasks.run_execute(run.pk)  # in this process, as a worker would

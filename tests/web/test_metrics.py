@@ -124,7 +124,7 @@ def journal() -> None:
     step(paused, "charge", 7, finished=NOW)  # just finished: read again at each scrape
     charge = step(undone, "charge", 0.3)
     attempts(undone, charge, "succeeded", [False, True])
-    port = step(stuck, "allocate_port", 0.004)
+    port = step(stuck, "attach_address", 0.004)
     attempts(stuck, port, "failed", [False, False, False])
 
 
@@ -145,13 +145,13 @@ def test_it_counts_runs_steps_compensations_and_approvals_from_the_journal(
     assert values(samples, "stateguard_runs_needing_attention") == {("provision",): 1}
     assert values(samples, "stateguard_approvals_waiting") == {("checkout", "confirm"): 1}
     assert values(samples, "stateguard_compensations") == {
-        ("allocate_port", "failed"): 1, ("charge", "succeeded"): 1}
+        ("attach_address", "failed"): 1, ("charge", "succeeded"): 1}
     assert values(samples, "stateguard_compensation_attempts_total") == {
         ("checkout", "charge", "error"): 1, ("checkout", "charge", "ok"): 1,
-        ("provision", "allocate_port", "error"): 3}
+        ("provision", "attach_address", "error"): 3}
 
     assert values(samples, "stateguard_step_duration_seconds_count") == {
-        ("checkout", "charge"): 4, ("provision", "allocate_port"): 1}
+        ("checkout", "charge"): 4, ("provision", "attach_address"): 1}
     assert values(samples, "stateguard_step_duration_seconds_sum", node="charge")[
         ("checkout",)] == pytest.approx(0.3 + 1.0 + 7 + 0.3)
     charge = values(samples, "stateguard_step_duration_seconds_bucket", node="charge")
@@ -212,7 +212,8 @@ def test_it_counts_a_run_that_a_worker_executed_and_unwound(
         staff: Client, sandbox: Path) -> None:
     from stateguard_web.runs import services, tasks
 
-    r = services.run_submit(agent="provision", input={"name": "db-2", "fail_at": "announce"})
+    r = services.run_submit(agent="provision", input={"name": "db-2",
+                                                      "fail_at": "create_record"})
     tasks.run_execute(r.pk)  # in this process, as a worker would
     r.refresh_from_db()
     assert r.status == Run.Status.COMPENSATED
@@ -223,13 +224,13 @@ def test_it_counts_a_run_that_a_worker_executed_and_unwound(
         ("provision", "compensated"): 1}
     assert values(samples, "stateguard_step_duration_seconds_count") == {
         ("provision", node): 1
-        for node in ("create_workspace", "write_config", "allocate_port", "announce")}
+        for node in ("create_group", "launch_instance", "attach_address", "create_record")}
     assert values(samples, "stateguard_compensation_attempts_total", outcome="ok") == {
         ("provision", node): 1
-        for node in ("create_workspace", "write_config", "allocate_port", "announce")}
+        for node in ("create_group", "launch_instance", "attach_address", "create_record")}
     assert values(samples, "stateguard_compensations") == {
-        ("allocate_port", "succeeded"): 1, ("announce", "nothing_to_undo"): 1,
-        ("create_workspace", "succeeded"): 1, ("write_config", "succeeded"): 1}
+        ("attach_address", "succeeded"): 1, ("create_record", "nothing_to_undo"): 1,
+        ("create_group", "succeeded"): 1, ("launch_instance", "succeeded"): 1}
 
 
 @pytest.mark.django_db

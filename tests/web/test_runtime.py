@@ -5,6 +5,7 @@ enabled."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from django.test import override_settings
 
 from stateguard_web.runs import runtime, services
 from stateguard_web.sagas.models import Run
+from tests.aws_world import AwsWorld
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,20 +37,19 @@ def test_it_runs_again_after_the_checkpoint_connections_were_killed() -> None:
     assert run_noop() == Run.Status.SUCCEEDED
 
 
-def test_it_hands_each_agent_the_sandbox_its_settings_name(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_it_hands_each_agent_the_aws_region_its_settings_name(aws: AwsWorld) -> None:
     # Settings reach the agent through AgentSettings, not the environment: a changed setting
-    # is the one the next agent built uses, and nothing is left in os.environ.
-    monkeypatch.delenv("STATEGUARD_SANDBOX_DIR", raising=False)
-    for name in ("one", "two"):
-        with override_settings(STATEGUARD_SANDBOX_DIR=tmp_path / name):
-            run = Run.objects.create(agent="provision", input={"name": f"web-{name}"})
+    # is the one the next agent built uses, whatever the environment says (us-east-1 here).
+    assert os.environ["AWS_REGION"] == "us-east-1"
+    for region in ("eu-west-1", "ap-south-1"):
+        with override_settings(AWS_REGION=region):
+            run = Run.objects.create(agent="provision", input={"name": f"web-{region}"})
             guard, graph, _ = runtime.guard_for("provision")
-            guard.invoke(graph, {"name": f"web-{name}", "size": 1},
-                         runtime.config_for(run.thread_id))
-        assert sorted(p.name for p in (tmp_path / name / "workspaces").iterdir()) == [
-            f"web-{name}"]
-    assert "STATEGUARD_SANDBOX_DIR" not in os.environ
+            guard.invoke(graph, {"name": f"web-{region}"}, runtime.config_for(run.thread_id))
+        there = AwsWorld(replace(aws.settings, region=region))
+        assert there.instances() == [f"web-{region}"]
+    assert aws.instances() == []
+    assert os.environ["AWS_REGION"] == "us-east-1"
 
 
 def test_it_offers_the_benchmark_agent_only_when_enabled() -> None:

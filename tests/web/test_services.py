@@ -34,8 +34,9 @@ class SubmitTests(TestCase):
             run = services.run_submit(agent="provision", input='{"name": "web-1"}',
                                       by=self.alice)
         assert run.status == Run.Status.PENDING and run.submitted_by == self.alice
-        assert run.input == {"name": "web-1", "size": 1, "fail_at": None, "hold_failure": False,
-                             "sleep_at": None, "sleep_seconds": 0.0}
+        assert run.input == {"name": "web-1", "instance_type": "t3.micro", "fail_at": None,
+                             "hold_failure": False, "sleep_at": None, "sleep_seconds": 0.0,
+                             "sleep_after_effect": False}
         # run_execute, and the run for the live pages, sent only once the run is committed
         assert after_commit(callbacks) == ["run_execute", "live update"]
         assert AuditEvent.objects.get(run=run).action == "run.submitted"
@@ -46,7 +47,7 @@ class SubmitTests(TestCase):
             ("provision", "{not json", "not valid JSON"),
             ("provision", "[1, 2]", "JSON object"),
             ("provision", {"name": "Bad Name!"}, "does not fit"),
-            ("provision", {"name": "ok", "size": 1000}, "does not fit"),
+            ("provision", {"name": "ok", "instance_type": "p5.48xlarge"}, "does not fit"),
             ("provision", {"name": "ok", "surprise": 1}, "does not fit"),
             ("checkout", {"email": "not-an-email", "amount": 5}, "does not fit"),
             ("checkout", {"email": "a\u0000@b.co", "amount": 5}, "NUL"),
@@ -59,8 +60,9 @@ class SubmitTests(TestCase):
 
     def test_it_names_the_fields_that_fail(self) -> None:
         with pytest.raises(services.SubmissionError) as caught:
-            services.run_submit(agent="provision", input={"size": 0})
-        assert {tuple(e["loc"]) for e in caught.value.errors} == {("name",), ("size",)}
+            services.run_submit(agent="provision", input={"instance_type": "huge"})
+        assert {tuple(e["loc"]) for e in caught.value.errors} == {("name",),
+                                                                  ("instance_type",)}
 
 
 class ActionTests(TestCase):
@@ -139,10 +141,10 @@ class ActionTests(TestCase):
 
         self.run.agent, self.run.status = "provision", Run.Status.NEEDS_ATTENTION
         self.run.save()
-        step = Step.objects.create(run=self.run, step_id="s1", node="create_workspace",
+        step = Step.objects.create(run=self.run, step_id="s1", node="create_group",
                                    status="succeeded", done_seq=1, started_at=timezone.now(),
                                    state_after={"name": "web-1"})
-        failed = Compensation.objects.create(run=self.run, step=step, node="create_workspace",
+        failed = Compensation.objects.create(run=self.run, step=step, node="create_group",
                                              idempotency_key="k1", status="failed")
         with self.captureOnCommitCallbacks():
             services.run_compensate(run=self.run, by="dave")
@@ -261,13 +263,13 @@ class IdempotentSubmitTests(TestCase):
 class CompensationRetryTests(TestCase):
     def test_it_queues_a_retry_of_one_failed_compensation_only(self) -> None:
         run = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION)
-        step = Step.objects.create(run=run, step_id="s1", node="allocate_port",
+        step = Step.objects.create(run=run, step_id="s1", node="attach_address",
                                    status="succeeded", started_at=timezone.now())
-        done_step = Step.objects.create(run=run, step_id="s2", node="create_workspace",
+        done_step = Step.objects.create(run=run, step_id="s2", node="create_group",
                                         status="succeeded", started_at=timezone.now())
-        failed = Compensation.objects.create(run=run, step=step, node="allocate_port",
+        failed = Compensation.objects.create(run=run, step=step, node="attach_address",
                                              idempotency_key="k1", status="failed")
-        done = Compensation.objects.create(run=run, step=done_step, node="create_workspace",
+        done = Compensation.objects.create(run=run, step=done_step, node="create_group",
                                            idempotency_key="k2", status="succeeded")
         with pytest.raises(services.ActionNotAllowed, match="is succeeded; only a failed"):
             services.compensation_retry(compensation=done, by="carol")

@@ -8,13 +8,14 @@ import os
 import signal
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from stateguard_web.runs import services
 from stateguard_web.sagas.journal.leases import db_now
 from stateguard_web.sagas.models import AuditEvent, Compensation, Run
-from tests.web.conftest import AGENT_INPUTS, Workers, effects, wait_for
+from tests.agents.provision_support import NOTHING, server
+from tests.aws_world import AwsWorld
+from tests.web.conftest import AGENT_INPUTS, Workers, ledger, wait_for
 from tests.web.test_workers import finished, next_nodes
 
 HOLD_CHARGE = b"POST /v1/payment_intents"
@@ -25,7 +26,7 @@ def recoveries(run: Run) -> int:
 
 
 def test_it_recovers_a_killed_workers_run_without_waiting_for_its_lease(
-        workers: Workers, sandbox: Path) -> None:
+        workers: Workers, aws: AwsWorld) -> None:
     # A lease far longer than detection takes (unless P4 reruns it with the defaults,
     # STATEGUARD_TEST_LEASE=10,3,2: docs/benchmarks.md).
     if "STATEGUARD_TEST_LEASE" not in os.environ:
@@ -33,11 +34,11 @@ def test_it_recovers_a_killed_workers_run_without_waiting_for_its_lease(
     lease = int(workers.env["STATEGUARD_LEASE_SECONDS"])
     doomed = workers.start("doomed")
     run = services.run_submit(agent="provision", input={
-        "name": "api-3", "sleep_at": "allocate_port", "sleep_seconds": 60})
-    # The checkpoint that names allocate_port next is saved before its body starts (sync
+        "name": "api-3", "sleep_at": "attach_address", "sleep_seconds": 60})
+    # The checkpoint that names attach_address next is saved before its body starts (sync
     # durability), and the body sleeps a minute before its effect: kill the worker there.
-    wait_for(lambda: next_nodes(run) == ("allocate_port",), 60,
-             "the worker to go on into allocate_port", workers.logs)
+    wait_for(lambda: next_nodes(run) == ("attach_address",), 60,
+             "the worker to go on into attach_address", workers.logs)
     workers.start("rescuer", beat=True)
     workers.wait_ready("rescuer")
     run.refresh_from_db()
@@ -55,10 +56,9 @@ def test_it_recovers_a_killed_workers_run_without_waiting_for_its_lease(
     assert run.status == Run.Status.COMPENSATED
     # Each effect happened once and was undone once; the step in doubt (killed before it
     # allocated anything) had nothing to undo.
-    assert effects(sandbox) == [
-        "do:create_workspace:api-3", "do:write_config:api-3",
-        "undo:write_config:api-3", "undo:create_workspace:api-3"]
-    comp = Compensation.objects.get(run=run, node="allocate_port")
+    assert ledger(run) == ["security_group", "instance", "termination", "deletion"]
+    assert aws.live() == NOTHING and aws.instances(alive=False) == ["api-3"]
+    comp = Compensation.objects.get(run=run, node="attach_address")
     assert comp.status == Compensation.Status.NOTHING_TO_UNDO
 
 
@@ -122,7 +122,7 @@ def test_it_fences_a_stopped_worker_out_once_the_lease_alone_gave_its_run_away(
 
 
 def test_it_judges_leases_by_the_database_clock_not_a_workers(
-        workers: Workers, sandbox: Path) -> None:
+        workers: Workers, aws: AwsWorld) -> None:
     # The holder's clock is 30 s behind, the sweeper's 30 s ahead, and the holder has no
     # process lock (the lease alone protects it). Judged by either worker's clock, its lease
     # would have run out long ago; by the database's it never does.
@@ -133,9 +133,9 @@ def test_it_judges_leases_by_the_database_clock_not_a_workers(
                                  lease_expires_at=db_now() - timedelta(seconds=1))
     workers.start("behind", clock_offset=-30, env={"STATEGUARD_WORKER_LOCK": "false"})
     run = services.run_submit(agent="provision", input={
-        "name": "skew-1", "sleep_at": "allocate_port", "sleep_seconds": 3 * lease + 6})
-    wait_for(lambda: next_nodes(run) == ("allocate_port",), 60,
-             "the worker to go on into allocate_port", workers.logs)
+        "name": "skew-1", "sleep_at": "attach_address", "sleep_seconds": 3 * lease + 6})
+    wait_for(lambda: next_nodes(run) == ("attach_address",), 60,
+             "the worker to go on into attach_address", workers.logs)
     workers.start("ahead", beat=True, clock_offset=30)
     wait_for(lambda: Run.objects.filter(pk=expired.pk, status=Run.Status.NEEDS_ATTENTION)
              .exists(), 60, "the sweeper ahead to park the expired run", workers.logs)
@@ -144,5 +144,5 @@ def test_it_judges_leases_by_the_database_clock_not_a_workers(
     wait_for(lambda: finished(run), 60, "the run to finish", workers.logs)
 
     assert (run.status, recoveries(run), run.fencing_token) == (Run.Status.SUCCEEDED, 0, 1)
-    assert effects(sandbox) == ["do:create_workspace:skew-1", "do:write_config:skew-1",
-                                "do:allocate_port:skew-1", "do:announce:skew-1"]
+    assert ledger(run) == ["security_group", "instance", "elastic_ip", "dns_record"]
+    assert aws.live() == server("skew-1") and aws.instances(alive=False) == ["skew-1"]

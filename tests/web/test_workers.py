@@ -8,7 +8,9 @@ from typing import Any
 
 from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
-from tests.web.conftest import Workers, effects, held_keys, wait_for
+from tests.agents.provision_support import NOTHING, server
+from tests.aws_world import AwsWorld
+from tests.web.conftest import Workers, held_keys, ledger, wait_for
 
 DONE = {Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.NEEDS_ATTENTION}
 
@@ -30,47 +32,70 @@ async def receive(layer: Any, channel: str) -> dict[str, Any]:
     return await asyncio.wait_for(layer.receive(channel), timeout=30)
 
 
-def test_it_executes_a_run_end_to_end(workers: Workers, sandbox: Path) -> None:
+def test_it_executes_a_run_end_to_end(workers: Workers, aws: AwsWorld) -> None:
     workers.start("w1")
     run = services.run_submit(agent="provision", input={"name": "web-1"}, by="alice")
     wait_for(lambda: finished(run), 60, "the run to finish", workers.logs)
 
     assert run.status == Run.Status.SUCCEEDED
-    assert effects(sandbox) == ["do:create_workspace:web-1", "do:write_config:web-1",
-                                "do:allocate_port:web-1", "do:announce:web-1"]
-    assert (sandbox / "workspaces" / "web-1" / "config.json").exists()
+    assert aws.live() == server("web-1") and aws.owners() == {"web-1": {str(run.code)}}
+    assert ledger(run) == ["security_group", "instance", "elastic_ip", "dns_record"]
     assert list(run.steps.values_list("status", flat=True)) == ["succeeded"] * 4
     assert run.lease_owner == ""
 
 
 def test_it_unwinds_a_failing_run_with_every_step_and_attempt_in_the_db(
-        workers: Workers, sandbox: Path) -> None:
+        workers: Workers, aws: AwsWorld) -> None:
     workers.start("w1")
-    run = services.run_submit(agent="provision", input={"name": "db-2", "fail_at": "announce"})
+    run = services.run_submit(agent="provision", input={"name": "db-2",
+                                                        "fail_at": "create_record"})
     wait_for(lambda: finished(run), 60, "the run to be unwound", workers.logs)
 
     assert run.status == Run.Status.COMPENSATED
-    assert effects(sandbox) == [
-        "do:create_workspace:db-2", "do:write_config:db-2", "do:allocate_port:db-2",
-        "undo:allocate_port:db-2", "undo:write_config:db-2", "undo:create_workspace:db-2"]
-    assert not (sandbox / "workspaces" / "db-2").exists()
+    assert ledger(run) == ["security_group", "instance", "elastic_ip",
+                           "release", "termination", "deletion"]
+    assert set(run.effects.values_list("status", flat=True)) == {"compensated"}
+    assert aws.live() == NOTHING and aws.instances(alive=False) == ["db-2"]
     assert dict(run.steps.values_list("node", "status")) == {
-        "create_workspace": "succeeded", "write_config": "succeeded",
-        "allocate_port": "succeeded", "announce": "failed"}
-    # The failed announce's compensation checks before it acts (in_doubt_safe), so it may be
-    # given the failed step too: it finds nothing of this run's announced.
+        "create_group": "succeeded", "launch_instance": "succeeded",
+        "attach_address": "succeeded", "create_record": "failed"}
+    # The failed create_record's compensation checks before it acts (in_doubt_safe), so it
+    # may be given the failed step too: it finds no record of this run's.
     comps = Compensation.objects.filter(run=run).exclude(
-        node="announce", status=Compensation.Status.NOTHING_TO_UNDO).order_by(
+        node="create_record", status=Compensation.Status.NOTHING_TO_UNDO).order_by(
         "attempts__started_at")
     assert [(c.node, c.status, c.attempts.count()) for c in comps] == [
-        ("allocate_port", "succeeded", 1), ("write_config", "succeeded", 1),
-        ("create_workspace", "succeeded", 1)]
+        ("attach_address", "succeeded", 1), ("launch_instance", "succeeded", 1),
+        ("create_group", "succeeded", 1)]
+
+
+def test_it_removes_what_a_killed_workers_step_made_before_its_result_was_saved(
+        workers: Workers, aws: AwsWorld) -> None:
+    # The worker dies after AWS made the address, before the step's result was saved: the
+    # step is in doubt, and its compensation finds the address by the run's tag.
+    doomed = workers.start("doomed")
+    run = services.run_submit(agent="provision", input={
+        "name": "api-4", "sleep_at": "attach_address", "sleep_seconds": 60,
+        "sleep_after_effect": True})
+    wait_for(lambda: aws.live()["addresses"] == ["api-4"], 60,
+             "the worker to allocate the address", workers.logs)
+    workers.kill(doomed)
+    workers.start("rescuer", beat=True)
+    wait_for(lambda: finished(run), 60, "recovery to unwind the run", workers.logs)
+
+    assert run.status == Run.Status.COMPENSATED
+    assert run.steps.get(node="attach_address").status == "started"  # never saved
+    assert aws.live() == NOTHING and aws.instances(alive=False) == ["api-4"]
+    assert Compensation.objects.get(run=run, node="attach_address").status == (
+        Compensation.Status.SUCCEEDED)
+    assert ledger(run) == ["security_group", "instance", "elastic_ip", "release",
+                           "termination", "deletion"]
 
 
 def test_it_runs_a_run_once_when_two_workers_are_handed_it(
-        workers: Workers, sandbox: Path) -> None:
+        workers: Workers, aws: AwsWorld) -> None:
     run = services.run_submit(agent="provision", input={
-        "name": "dup-4", "sleep_at": "create_workspace", "sleep_seconds": 1})
+        "name": "dup-4", "sleep_at": "create_group", "sleep_seconds": 1})
     tasks.run_execute.delay(run.pk)  # the broker delivers the run a second time
     workers.start("w1")
     workers.start("w2")
@@ -80,9 +105,8 @@ def test_it_runs_a_run_once_when_two_workers_are_handed_it(
              "both deliveries to be received and done", workers.logs)
 
     assert run.status == Run.Status.SUCCEEDED
-    assert sorted(effects(sandbox)) == sorted([
-        "do:create_workspace:dup-4", "do:write_config:dup-4", "do:allocate_port:dup-4",
-        "do:announce:dup-4"])
+    assert aws.live() == server("dup-4") and aws.instances(alive=False) == ["dup-4"]
+    assert ledger(run) == ["security_group", "instance", "elastic_ip", "dns_record"]
 
 
 def test_it_publishes_journal_changes_to_the_run_and_all_runs_groups(
@@ -110,10 +134,10 @@ def test_it_publishes_journal_changes_to_the_run_and_all_runs_groups(
             assert message["type"] == "run.events"
             seen += [(e["type"], e["node"]) for e in message["events"]
                      if e["run"] == str(run.code)]
-        assert ("step.started", "create_workspace") in seen, group
-        assert ("step.succeeded", "announce") in seen, group
-        assert seen.index(("step.started", "create_workspace")) < seen.index(
-            ("step.succeeded", "announce"))
+        assert ("step.started", "create_group") in seen, group
+        assert ("step.succeeded", "create_record") in seen, group
+        assert seen.index(("step.started", "create_group")) < seen.index(
+            ("step.succeeded", "create_record"))
 
 
 def test_it_pauses_for_approval_and_resumes_in_a_worker_after_the_operator_approves(

@@ -87,7 +87,7 @@ def _build() -> World:
                                 input={"name": "web-2"},
                                 error={"type": "RuntimeError", "message": "disk full",
                                        "traceback": "Traceback ..."})
-    Step.objects.create(run=failed, step_id="s-fail", node="create_workspace",
+    Step.objects.create(run=failed, step_id="s-fail", node="create_group",
                         status=Step.Status.FAILED, started_at=now, finished_at=now,
                         error=failed.error)
     stuck = Run.objects.create(agent="checkout", status=Run.Status.NEEDS_ATTENTION,

@@ -103,7 +103,7 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     live(page)
 
     # A run submitted meanwhile appears in the open list, without a reload.
-    slow = submit("provision", shop, name="web-e2e", sleep_at="create_workspace",
+    slow = submit("provision", shop, name="web-e2e", sleep_at="create_group",
                   sleep_seconds=3)
     page.wait_for_selector(f'#run-{slow.code}')
     assert not_reloaded(page)
@@ -114,11 +114,11 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     page.wait_for_url(f"**/runs/{slow.code}/")
     live(page)
     assert page.locator('[data-step][data-status="succeeded"]').count() < 4
-    page.wait_for_selector('[data-step][data-node="announce"][data-status="succeeded"]',
+    page.wait_for_selector('[data-step][data-node="create_record"][data-status="succeeded"]',
                            timeout=30_000)
     run_status(page, "succeeded", logs)
     nodes = page.locator("[data-step]").evaluate_all("els => els.map(e => e.dataset.node)")
-    assert nodes == ["create_workspace", "write_config", "allocate_port", "announce"]
+    assert nodes == ["create_group", "launch_instance", "attach_address", "create_record"]
     assert page.locator('.graph-node.st-ok').count() == 4
     assert not_reloaded(page)
     shot(page, "03-run-succeeded")
@@ -163,14 +163,14 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     assert not_reloaded(page)
 
     # A failing run shows its compensations, in the order they ran (newest step first).
-    failing = submit("provision", shop, name="web-fail", fail_at="allocate_port")
+    failing = submit("provision", shop, name="web-fail", fail_at="attach_address")
     page.goto(f"{url}/runs/{failing.code}/")
     run_status(page, "compensated", logs)
     shown = page.locator("[data-compensation]").evaluate_all(
         "els => els.map(e => e.dataset.compensation)")
     ran = list(Compensation.objects.filter(run=failing).order_by("created_at", "pk")
                .values_list("node", flat=True))
-    assert shown == ran == ["allocate_port", "write_config", "create_workspace"]
+    assert shown == ran == ["attach_address", "launch_instance", "create_group"]
     page.locator("[data-compensation] summary").first.click()
     shot(page, "08-run-compensated")
 
@@ -206,10 +206,10 @@ def test_it_serves_an_operators_day_live(stack: Server, workers: Workers, browse
     # The inbox of runs that need attention, and the pages at a phone's width.
     stuck = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION,
                                submitted_by=shop, input={"name": "web-stuck"})
-    step = Step.objects.create(run=stuck, step_id="s1", node="allocate_port",
+    step = Step.objects.create(run=stuck, step_id="s1", node="attach_address",
                                status=Step.Status.SUCCEEDED, started_at=stuck.created_at,
                                finished_at=stuck.created_at, done_seq=1)
-    Compensation.objects.create(run=stuck, step=step, node="allocate_port",
+    Compensation.objects.create(run=stuck, step=step, node="attach_address",
                                 idempotency_key="k-stuck", status=Compensation.Status.FAILED)
     page.goto(f"{url}/inbox/attention/")
     page.wait_for_selector(f"#run-{stuck.code}")
@@ -524,30 +524,30 @@ def test_it_warns_on_every_page_while_no_worker_is_alive(
 def test_it_shows_a_step_cut_off_by_a_dead_worker_in_doubt(
         stack: Server, workers: Workers, browser: Any,  # noqa: F811
         people: dict[str, Any], publisher: None) -> None:
-    """A worker SIGKILLed in the middle of allocate_port: recovery unwinds the run, and the
+    """A worker SIGKILLed in the middle of attach_address: recovery unwinds the run, and the
     step it cut off is "in doubt" (not "running") in the list and the graph, and says why."""
     url = stack.url
     context, page, logs = operator_page(browser, stack, workers)
-    run = submit("provision", people["shop"], name="web-cut", sleep_at="allocate_port",
+    run = submit("provision", people["shop"], name="web-cut", sleep_at="attach_address",
                  sleep_seconds=60)
-    # The checkpoint that names allocate_port next is saved before its body starts, and the
+    # The checkpoint that names attach_address next is saved before its body starts, and the
     # body sleeps a minute before its effect: kill the worker there (as test_workers does).
-    wait_for(lambda: next_nodes(run) == ("allocate_port",), 30,
-             "the worker to go on into allocate_port", logs)
+    wait_for(lambda: next_nodes(run) == ("attach_address",), 30,
+             "the worker to go on into attach_address", logs)
     (doomed,) = workers.procs
     workers.kill(doomed)
     workers.start("rescuer", beat=True)
     page.goto(f"{url}/runs/{run.code}/")
     live(page)
     run_status(page, "compensated", logs, timeout=60)
-    cut = page.locator('[data-step][data-node="allocate_port"]')
+    cut = page.locator('[data-step][data-node="attach_address"]')
     assert cut.get_attribute("data-status") == "in_doubt"
     badge = cut.locator(".badge")
     assert badge.inner_text().strip().endswith("in doubt")
     assert "Whether it had its effect is unknown." in (badge.get_attribute("title") or "")
     assert cut.locator("[data-in-doubt]").inner_text().endswith(
         "Its compensation looked and found nothing to undo.")
-    node = page.locator('.graph-node[data-node="allocate_port"]')
+    node = page.locator('.graph-node[data-node="attach_address"]')
     assert "st-warn" in (node.get_attribute("class") or "")
     assert node.locator(".graph-status").text_content() == "in doubt · nothing to undo"
     assert "Started and never finished" in (node.locator("title").text_content() or "")
@@ -556,7 +556,7 @@ def test_it_shows_a_step_cut_off_by_a_dead_worker_in_doubt(
     phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
     small = phone.new_page()
     small.goto(f"{url}/runs/{run.code}/")
-    small.wait_for_selector('[data-node="allocate_port"][data-status="in_doubt"]')
+    small.wait_for_selector('[data-node="attach_address"][data-status="in_doubt"]')
     assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
     shot(small, "29-phone-run-in-doubt")
     phone.close()
@@ -644,10 +644,10 @@ def test_every_page_passes_its_content_security_policy(
     make_user("root", is_superuser=True, is_staff=True, password=PASSWORD)
     stuck = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION,
                                submitted_by=people["shop"], input={"name": "web-csp"})
-    step = Step.objects.create(run=stuck, step_id="s1", node="allocate_port",
+    step = Step.objects.create(run=stuck, step_id="s1", node="attach_address",
                                status=Step.Status.SUCCEEDED, started_at=stuck.created_at,
                                finished_at=stuck.created_at, done_seq=1)
-    Compensation.objects.create(run=stuck, step=step, node="allocate_port",
+    Compensation.objects.create(run=stuck, step=step, node="attach_address",
                                 idempotency_key="k-csp", status=Compensation.Status.FAILED)
     context = browser.new_context(viewport=WIDE)
     page = context.new_page()

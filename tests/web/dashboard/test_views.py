@@ -180,8 +180,8 @@ class PageTests(DashboardWorld):
 
     def test_it_shows_a_failed_run_with_its_steps_error_and_traceback(self) -> None:
         html = self.client_for("vera").get(self.url(self.failed)).content.decode()
-        assert 'data-node="create_workspace" data-status="succeeded"' in html
-        assert 'data-node="write_config" data-status="failed"' in html
+        assert 'data-node="create_group" data-status="succeeded"' in html
+        assert 'data-node="launch_instance" data-status="failed"' in html
         assert "ProvisioningFailed: disk full" in html
         assert "Traceback (most recent call last):\n  boom" in html
         assert "Why it stopped" in html
@@ -189,8 +189,8 @@ class PageTests(DashboardWorld):
     def test_it_shows_compensations_in_order_with_attempts_and_keys(self) -> None:
         html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
         order = re.findall(r'data-compensation="(\w+)" data-status="(\w+)"', html)
-        assert order == [("allocate_port", "failed"), ("write_config", "succeeded")]
-        assert "k-port" in html and "k-config" in html
+        assert order == [("attach_address", "failed"), ("launch_instance", "succeeded")]
+        assert "k-address" in html and "k-config" in html
         assert "OSError: registry locked" in html and "Traceback: registry locked" in html
 
     def test_it_groups_identical_failed_attempts_with_the_raw_error_a_click_away(self) -> None:
@@ -211,7 +211,8 @@ class PageTests(DashboardWorld):
                         error={"type": "OSError", "message": "registry locked"})
         html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
         rows = re.findall(r'<tr data-attempts="(\d+)">\s*<td class="num">([^<]+)</td>', html)
-        assert rows == [("5", "1\u20135"), ("1", "6"), ("1", "1")]  # write_config's one ok attempt
+        # launch_instance's one ok attempt last
+        assert rows == [("5", "1\u20135"), ("1", "6"), ("1", "1")]
         assert re.search(r"<strong>5 attempts:</strong> <span class=\"error-summary\">"
                          r"Stripe unreachable \(connection refused\)</span>", html)
         assert "HTTPConnectionPool" not in outside_details(html)
@@ -226,15 +227,18 @@ class PageTests(DashboardWorld):
                                  input={"name": "web-9"}, submitted_by=self.alice)
         from tests.web.dashboard.world import step
 
-        step(run, "allocate_port", 1, "violated", state_after={"name": "web-9", "port": 99},
+        step(run, "create_record", 1, "violated",
+             state_after={"name": "web-9", "address": "192.0.2.9",
+                          "record": {"name": "web-9.stateguard.test.", "value": "192.0.2.1"}},
              error={"type": "InvariantViolation", "traceback": "",
-                    "message": "invariant 'port_in_range' violated after 'allocate_port': "
-                               "An allocated port lies in the sandbox's range."})
+                    "message": "invariant 'record_names_the_address' violated after "
+                               "'create_record': The server's DNS record points at its "
+                               "Elastic IP."})
         html = self.client_for("vera").get(self.url(run)).content.decode()
-        assert "Invariant violated: <code>port_in_range</code>" in html
-        assert "An allocated port lies in the sandbox&#x27;s range." in html
-        assert "After <strong>allocate_port</strong>" in html
-        assert "&quot;port&quot;: 99" in html
+        assert "Invariant violated: <code>record_names_the_address</code>" in html
+        assert "The server&#x27;s DNS record points at its Elastic IP." in html
+        assert "After <strong>create_record</strong>" in html
+        assert "&quot;value&quot;: &quot;192.0.2.1&quot;" in html
 
     def test_it_draws_the_agents_graph_with_each_steps_status(self) -> None:
         html = self.client_for("vera").get(self.url(self.paused)).content.decode()
@@ -245,8 +249,8 @@ class PageTests(DashboardWorld):
         assert "▶ awaiting approval" in svg
         assert re.search(r'class="graph-node st-idle" data-node="book_order">', svg)
         stuck = self.client_for("vera").get(self.url(self.stuck)).content.decode()
-        assert 'st-bad" data-node="allocate_port"' in stuck  # its undo failed
-        assert 'st-undo" data-node="write_config"' in stuck
+        assert 'st-bad" data-node="attach_address"' in stuck  # its undo failed
+        assert 'st-undo" data-node="launch_instance"' in stuck
 
     def test_it_shows_a_step_cut_off_by_a_dead_worker_as_in_doubt_everywhere(self) -> None:
         """Recovery unwound the run (compensated) and the cut-off step stays "started" in the
@@ -256,24 +260,24 @@ class PageTests(DashboardWorld):
 
         run = Run.objects.create(agent="provision", status=Run.Status.COMPENSATED,
                                  submitted_by=self.alice, input={"name": "web-7"})
-        step(run, "create_workspace", 1)
-        cut = step(run, "write_config", None, Step.Status.STARTED, finished_at=None)
-        Compensation.objects.create(run=run, step=cut, node="write_config",
+        step(run, "create_group", 1)
+        cut = step(run, "launch_instance", None, Step.Status.STARTED, finished_at=None)
+        Compensation.objects.create(run=run, step=cut, node="launch_instance",
                                     idempotency_key="k-cut",
                                     status=Compensation.Status.NOTHING_TO_UNDO)
         html = self.client_for("vera").get(self.url(run)).content.decode()
-        assert 'data-node="write_config" data-status="in_doubt"' in html
+        assert 'data-node="launch_instance" data-status="in_doubt"' in html
         badge = re.search(r'<span class="badge st-warn" data-status="in_doubt" title="([^"]+)">'
                           r'<span aria-hidden="true">\?</span> in doubt</span>', html)
         assert badge and "Whether it had its effect is unknown." in badge[1]
         note = re.search(r'<p class="note" data-in-doubt>([^<]+)</p>', html)
         assert note and note[1].endswith("Its compensation looked and found nothing to undo.")
         svg = html[html.index("<svg"):html.index("</svg>")]
-        node = re.search(r'<g class="graph-node st-warn" data-node="write_config"><title>'
+        node = re.search(r'<g class="graph-node st-warn" data-node="launch_instance"><title>'
                          r'([^<]+)</title>.*?<text class="graph-status"[^>]*>([^<]+)</text>',
                          svg)
         assert node and node[2] == "in doubt · nothing to undo"
-        assert node[1].startswith("write_config: in doubt · nothing to undo. Started and")
+        assert node[1].startswith("launch_instance: in doubt · nothing to undo. Started and")
         statuses = re.findall(r'<text class="graph-status"[^>]*>([^<]+)</text>', svg)
         assert not any("running" in words for words in statuses), statuses
         assert 'data-status="started"' not in html
@@ -287,22 +291,22 @@ class PageTests(DashboardWorld):
                                  submitted_by=self.alice, input={"name": "web-8"},
                                  lease_owner="w1", lease_expires_at=timezone.now()
                                  + timedelta(seconds=30))
-        step(run, "create_workspace", None, Step.Status.STARTED, finished_at=None)
+        step(run, "create_group", None, Step.Status.STARTED, finished_at=None)
         html = self.client_for("vera").get(self.url(run)).content.decode()
-        assert 'data-node="create_workspace" data-status="started"' in html
+        assert 'data-node="create_group" data-status="started"' in html
         assert "▶ running" in html and "data-in-doubt" not in html
         # Its worker died: the lease ran out, and no one runs the step any more.
         Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now()
                                              - timedelta(seconds=1))
         html = self.client_for("vera").get(self.url(run)).content.decode()
-        assert 'data-node="create_workspace" data-status="in_doubt"' in html
+        assert 'data-node="create_group" data-status="in_doubt"' in html
         assert "▶ running" not in html
 
     def test_it_calls_each_status_the_same_on_its_badge_and_in_the_graph(self) -> None:
         html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
         svg = html[html.index("<svg"):html.index("</svg>")]
-        for node, words in [("write_config", "compensated"),
-                            ("allocate_port", "compensation failed")]:
+        for node, words in [("launch_instance", "compensated"),
+                            ("attach_address", "compensation failed")]:
             shown = re.search(rf'data-compensation="{node}".*?<span aria-hidden="true">.</span> '
                               r"([^<]+)</span>", html, re.S)
             assert shown and shown[1] == words, node
@@ -424,7 +428,7 @@ class ButtonTests(DashboardWorld):
             input={"name": "web-4"}, error={"type": "ConnectionError", "message": "smtp down",
                                             "traceback": ""})
         for step_id, node, kind, status in [
-                ("t-ws", "create_workspace", "compensatable", Step.Status.SUCCEEDED),
+                ("t-ws", "create_group", "compensatable", Step.Status.SUCCEEDED),
                 ("t-ship", "ship_order", "pivot", Step.Status.SUCCEEDED),
                 ("t-mail", "send_email", "retriable", Step.Status.FAILED)]:
             Step.objects.create(run=held, step_id=step_id, node=node, kind=kind, status=status,
@@ -459,11 +463,11 @@ class ButtonTests(DashboardWorld):
         stuck = self.client_for("charlie").get(self.url(self.stuck)).content.decode()
         compensate = stuck[stuck.index('id="confirm-compensate"'):]
         compensate = compensate[:compensate.index("</dialog>")]
-        # Newest step first; write_config's undo already succeeded, so it is not run again.
+        # Newest step first; launch_instance's undo already succeeded, so it is not run again.
         planned = re.findall(r"<li>undo <strong>(\w+)</strong>", compensate)
-        assert planned == ["allocate_port", "create_workspace"]
+        assert planned == ["attach_address", "create_group"]
         resolve = stuck[stuck.index('id="confirm-resolve"'):]
-        assert "not the ones left failed: <strong>allocate_port</strong>" in resolve
+        assert "not the ones left failed: <strong>attach_address</strong>" in resolve
 
     def test_a_tool_calls_approval_shows_the_tool_and_what_its_arguments_charge(self) -> None:
         """An AI agent's tool call waits with the model's arguments (stateguard.tools), not a
@@ -488,7 +492,7 @@ class ButtonTests(DashboardWorld):
         html = self.client_for("charlie").get(self.url(self.failed),
                                               {"confirm": "retry"}).content.decode()
         assert re.search(r'<dialog id="confirm-retry" [^>]*open>', html)
-        assert "<strong>write_config</strong> runs again (attempt 2)" in html
+        assert "<strong>launch_instance</strong> runs again (attempt 2)" in html
 
 
 class ActionTests(DashboardWorld):
@@ -562,7 +566,7 @@ class ActionTests(DashboardWorld):
         assert "The approval of charge_user is no longer pending: it was approved by dora." \
             in response.content.decode()
         assert journal_state() == before
-        other = Approval.objects.create(run=self.failed, step_id="x", node="announce",
+        other = Approval.objects.create(run=self.failed, step_id="x", node="create_record",
                                         requested_at=timezone.now())
         response = self.client_for("charlie").post(self.url(self.paused, "approve"),
                                                    {"approval": other.pk}, follow=True)
@@ -619,7 +623,7 @@ class InboxTests(DashboardWorld):
         html = self.client_for("vera").get("/inbox/attention/").content.decode()
         assert re.findall(r'<tr id="run-([0-9a-f-]+)"', html) == [str(self.stuck.code),
                                                                   str(self.failed.code)]
-        assert "undo of <strong>allocate_port</strong>" in html
+        assert "undo of <strong>attach_address</strong>" in html
         assert "ProvisioningFailed: disk full" in html
         empty = self.client_for("bob").get("/inbox/attention/").content.decode()
         assert "No run needs attention." in empty

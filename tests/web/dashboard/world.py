@@ -2,8 +2,8 @@
 
 alice and bob are submitters (alice submitted every run here), vera a viewer, charlie an
 operator. The runs: one paused at checkout's charge (250.00 USD) with its approval pending, a
-failed provision run, a provision run that needs attention (its undo of allocate_port failed
-after write_config's succeeded), and a succeeded checkout whose input holds a script tag.
+failed provision run, a provision run that needs attention (its undo of attach_address failed
+after launch_instance's succeeded), and a succeeded checkout whose input holds a script tag.
 """
 
 from __future__ import annotations
@@ -53,25 +53,26 @@ class DashboardWorld(TestCase):
             agent="provision", status=Run.Status.FAILED, submitted_by=cls.alice,
             input={"name": "web-2"},
             error={"type": "ProvisioningFailed", "message": "disk full", "traceback": "Tb..."})
-        step(cls.failed, "create_workspace", 1)
-        step(cls.failed, "write_config", None, Step.Status.FAILED,
+        step(cls.failed, "create_group", 1)
+        step(cls.failed, "launch_instance", None, Step.Status.FAILED,
              error={"type": "ProvisioningFailed", "message": "disk full",
                     "traceback": "Traceback (most recent call last):\n  boom"})
 
         cls.stuck = Run.objects.create(agent="provision", status=Run.Status.NEEDS_ATTENTION,
                                        submitted_by=cls.alice, input={"name": "web-3"})
-        step(cls.stuck, "create_workspace", 1)
-        written = step(cls.stuck, "write_config", 2)
-        allocated = step(cls.stuck, "allocate_port", 3, update={"port": 20001})
-        undo_port = Compensation.objects.create(
-            run=cls.stuck, step=allocated, node="allocate_port", idempotency_key="k-port",
+        step(cls.stuck, "create_group", 1)
+        written = step(cls.stuck, "launch_instance", 2)
+        allocated = step(cls.stuck, "attach_address", 3,
+                         update={"allocation_id": "eipalloc-1", "address": "192.0.2.1"})
+        undo_address = Compensation.objects.create(
+            run=cls.stuck, step=allocated, node="attach_address", idempotency_key="k-address",
             status=Compensation.Status.FAILED)
-        undo_port.attempts.create(number=1, started_at=now, finished_at=now, ok=False,
+        undo_address.attempts.create(number=1, started_at=now, finished_at=now, ok=False,
                                   error={"type": "OSError", "message": "registry locked",
                                          "traceback": "Traceback: registry locked"})
-        cls.compensation = undo_port
+        cls.compensation = undo_address
         undo_config = Compensation.objects.create(
-            run=cls.stuck, step=written, node="write_config", idempotency_key="k-config",
+            run=cls.stuck, step=written, node="launch_instance", idempotency_key="k-config",
             status=Compensation.Status.SUCCEEDED)
         undo_config.attempts.create(number=1, started_at=now, finished_at=now, ok=True,
                                     result="True")
