@@ -77,8 +77,10 @@ def test_it_removes_what_a_killed_workers_step_made_before_its_result_was_saved(
     run = services.run_submit(agent="provision", input={
         "name": "api-4", "sleep_at": "attach_address", "sleep_seconds": 60,
         "sleep_after_effect": True})
-    wait_for(lambda: aws.live()["addresses"] == ["api-4"], 60,
-             "the worker to allocate the address", workers.logs)
+    # Killed once the address is made and in the ledger (the step records it right after
+    # AllocateAddress returns: a kill between the two was a race this test lost now and then).
+    wait_for(lambda: aws.live()["addresses"] == ["api-4"] and "elastic_ip" in ledger(run), 60,
+             "the worker to allocate the address and record it", workers.logs)
     workers.kill(doomed)
     workers.start("rescuer", beat=True)
     wait_for(lambda: finished(run), 60, "recovery to unwind the run", workers.logs)
