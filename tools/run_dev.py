@@ -7,12 +7,12 @@
    the password in ``var/admin-password.txt`` (mode 600, never in git) and prints the
    dashboard's URL and the login line (again on later runs, while that password still works),
 3. replaces itself with ``tools/supervise.py`` running ``Procfile.dev``: embedded Redis,
-   localstripe, an SMTP server (mail lands in var/mail/), Daphne, a Celery worker and Celery
-   beat. A process that dies is restarted (with
-   a back-off and a log line); Ctrl-C, SIGTERM or closing the terminal stops all of them and the
-   supervisor exits 0 (make, after Ctrl-C, then dies of the SIGINT itself: status 130), and if
-   the supervisor is killed outright they stop by themselves (tools/supervise.py). Among them,
-   moto's server on 8430: the local AWS API of the provision and cleanup agents, in memory.
+   localstripe, an SMTP server (mail lands in var/mail/), moto's server on 8430 (the local AWS
+   API of the provision and cleanup agents, in memory), Daphne, a Celery worker and Celery
+   beat. A process that dies is restarted (with a back-off and a log line); Ctrl-C, SIGTERM or
+   closing the terminal stops all of them and the supervisor exits 0 (make, after Ctrl-C, then
+   dies of the SIGINT itself: status 130), and if the supervisor is killed outright they stop
+   by themselves (tools/supervise.py).
 """
 
 from __future__ import annotations
