@@ -72,8 +72,10 @@ def test_it_fails_the_test_with_one_table_of_the_cases_that_left_the_world_wrong
     pytester.makepyfile(test_agent=AGENT_TESTS)
 
     # Only the plugin under test (and pytest's own): this session's others stay out of it.
+    # No short summary (-rN): under CI=true pytest prints the whole message there, a second
+    # table that is pytest's, not the plugin's.
     result = pytester.runpytest_inprocess("-p", "stateguard.testing", "-p", "no:django",
-                                          "-p", "no:asyncio", "-p", "no:cacheprovider")
+                                          "-p", "no:asyncio", "-p", "no:cacheprovider", "-rN")
 
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([

@@ -109,8 +109,14 @@ class ProcessLock:
         self._suspect = True
 
     def forget(self) -> None:
-        """Let the lock go (tests, and a process that stops taking leases)."""
+        """Let the lock go (tests, and a process that stops taking leases): unlocked before
+        the session closes, since the server ends a closed session's backend, and frees its
+        locks, a moment after the client hung up, not before ``close()`` returns."""
         with self._lock:
+            if self._conn is not None and self._key is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self._conn.execute("SELECT pg_advisory_unlock(%s, %s)",
+                                       [NAMESPACE, self._key])
             self._drop()
 
     def _take(self) -> None:
