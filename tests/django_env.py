@@ -24,10 +24,11 @@ os.environ["DATABASE_URL"] = (
 # the embedded one `make run` starts. Under pytest-xdist each worker (gw0, gw1...) has its own
 # database, counted down from 15, as pytest-django gives each its own test database: a test that
 # empties its queue (FLUSHDB) never empties another worker's. (The benches use 1-4, so that a
-# bench and the suite can run on one machine at once.)
+# bench and the suite can run on one machine at once.) STATEGUARD_TEST_REDIS_URL names another
+# server; with "{db}" in it (redis://127.0.0.1:6390/{db}) each worker still has its own database.
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 os.environ["REDIS_URL"] = (os.environ.get("STATEGUARD_TEST_REDIS_URL")
-                           or f"redis://127.0.0.1:6379/{15 - _WORKER}")
+                           or "redis://127.0.0.1:6379/{db}").replace("{db}", str(15 - _WORKER))
 os.environ.pop("CELERY_BROKER_URL", None)
 
 # No file of variables: the .env that `make run` writes (DEBUG=true, localstripe's address, ...)
