@@ -16,7 +16,10 @@ same version id. So:
   removes nothing when no version carries its run's tag, and leaves the key alone when someone
   wrote it again since (the newer object stays current).
 
-Each delete marker and each removal goes into the effect ledger. Options
+Each delete marker and each removal goes into the effect ledger; the compensation records the
+marker it finds too (the step may have died before it could), and the removal an earlier
+attempt of its own made and could not record (``manage.py reconcile_effects --provider s3``
+compares the ledger with the bucket's versions). Options
 (``STATEGUARD_AGENT_OPTIONS={"cleanup": {"buckets": [...]}}``): the buckets the agent may delete
 from; with AWS itself none until named, any bucket of the local stand-in.
 """
@@ -147,10 +150,20 @@ class Cleaner:
         if latest is not None and latest.get("marker"):
             # The markers on top of this run's version, newest first (one, unless the gone
             # file was deleted again since). Removing the last makes the version current.
-            for marker in self._markers_on(bucket, key, newest):
+            markers = self._markers_on(bucket, key, newest)
+            # The oldest is this run's delete: recorded here too, as the step may have died
+            # between S3's answer and its own record (recorded already, it changes nothing).
+            record_effect(Effect("s3", "delete_marker", _marker_id(bucket, markers[-1]),
+                                 idempotency_key=effect_key()))
+            for marker in markers:
                 self.s3.delete_object(Bucket=bucket, Key=key, VersionId=marker)
                 done = _marker_id(bucket, marker)
                 record_effect(Effect("s3", "restore", f"{done} removed", undoes=done))
+        elif state.get("delete_marker") and not self._has_marker(bucket, key,
+                                                                 state["delete_marker"]):
+            # An earlier attempt removed the step's marker and died before it said so.
+            done = _marker_id(bucket, state["delete_marker"])
+            record_effect(Effect("s3", "restore", f"{done} removed", undoes=done))
         # Its tags as they were before this run marked it; also when an earlier attempt
         # removed the markers and died before this.
         self._untag(bucket, key, newest["VersionId"])
@@ -180,6 +193,10 @@ class Cleaner:
     def _markers_on(self, bucket: str, key: str, version: dict[str, Any]) -> list[str]:
         _, markers = self._listing(bucket, key)
         return [m["VersionId"] for m in markers if m["LastModified"] >= version["LastModified"]]
+
+    def _has_marker(self, bucket: str, key: str, marker: str) -> bool:
+        _, markers = self._listing(bucket, key)
+        return any(m["VersionId"] == marker for m in markers)
 
     def _tags(self, bucket: str, key: str, version: str) -> list[dict[str, str]]:
         return list(self.s3.get_object_tagging(Bucket=bucket, Key=key,
