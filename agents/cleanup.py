@@ -7,12 +7,14 @@ same version id. So:
 - ``delete_object`` refuses a bucket whose versioning is not on (a delete there could not be
   undone), before any effect; tags the current version ``stateguard:deleted-by=<run>`` (its
   owner: the tag is how a compensation, or the step run again, knows which version this run
-  deleted, also when the step died before its result was saved); then deletes the object.
+  deleted, also when the step died before its result was saved) and ``stateguard:token=<the
+  step's effect_key()>`` (which step: a reconciliation records a delete it finds under it);
+  then deletes the object.
 - ``verify_gone`` checks that the key answers 404 now (``fail_at`` there simulates a failure
   after the delete).
 - The compensation (``restore_object``, ``in_doubt_safe``) finds the version tagged with its
   run, removes the delete markers stacked on it (this run's, and any later delete of the same
-  already deleted file), and takes its tag off: the object is back exactly, tags included. It
+  already deleted file), and takes its tags off: the object is back exactly, tags included. It
   removes nothing when no version carries its run's tag, and leaves the key alone when someone
   wrote it again since (the newer object stays current).
 
@@ -35,7 +37,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from pydantic import Field
 
-from agents.aws import aws_settings, client, error_code
+from agents.aws import TOKEN_TAG, aws_settings, client, error_code
 from agents.registry import AgentInput, AgentSettings, AgentSpec, AwsSettings, register, run_id
 from stateguard import (
     Compensation,
@@ -49,6 +51,7 @@ from stateguard import (
 NODES = ("delete_object", "verify_gone")
 OWNER_TAG = "stateguard:deleted-by"
 MAX_TAGS = 10  # S3's limit per object version
+OURS = (OWNER_TAG, TOKEN_TAG)  # the tags a delete adds, and its undo takes off
 
 
 class CleanupInput(AgentInput):
@@ -208,14 +211,16 @@ class Cleaner:
 
     def _tag(self, bucket: str, key: str, version: str, run: str) -> None:
         tags = self._tags(bucket, key, version)
-        if len(tags) >= MAX_TAGS:
-            raise CleanupFailed(f"s3://{bucket}/{key} has {len(tags)} tags, S3's most: it "
-                                f"cannot be marked as this run's to restore; not deleted")
+        if len(tags) > MAX_TAGS - len(OURS):
+            raise CleanupFailed(f"s3://{bucket}/{key} has {len(tags)} tags: with this run's "
+                                f"{len(OURS)} it would have more than S3's {MAX_TAGS}, so it "
+                                "cannot be marked as this run's to restore; not deleted")
         self.s3.put_object_tagging(Bucket=bucket, Key=key, VersionId=version, Tagging={
-            "TagSet": [*tags, {"Key": OWNER_TAG, "Value": run}]})
+            "TagSet": [*tags, {"Key": OWNER_TAG, "Value": run},
+                       {"Key": TOKEN_TAG, "Value": effect_key()}]})
 
     def _untag(self, bucket: str, key: str, version: str) -> None:
-        tags = [t for t in self._tags(bucket, key, version) if t["Key"] != OWNER_TAG]
+        tags = [t for t in self._tags(bucket, key, version) if t["Key"] not in OURS]
         if tags:
             self.s3.put_object_tagging(Bucket=bucket, Key=key, VersionId=version,
                                        Tagging={"TagSet": tags})
