@@ -156,11 +156,18 @@ def group_name(name: str) -> str:
     return f"stateguard-{name}"
 
 
-def _owner_text(run: str) -> str:
+def owner_text(run: str) -> str:
+    """The value of the TXT record that says which run owns the A record beside it."""
     return f'"stateguard:run={run}"'  # a TXT record's value is quoted
 
 
-def _record_id(fqdn: str, run: str) -> str:
+def owner_of(text: str) -> str | None:
+    """The run an owner TXT record's value names (``None``: not such a record)."""
+    match = re.fullmatch(r'"stateguard:run=([^"]+)"', text)
+    return match[1] if match else None
+
+
+def record_id(fqdn: str, run: str) -> str:
     """The ledger's id of a run's DNS record: the name alone is another run's later on."""
     return f"{fqdn} A {run}"
 
@@ -273,18 +280,18 @@ class Provisioner:
             # The record and its owner in one batch: both are made, or neither.
             try:
                 self._change(zone_id, "CREATE", fqdn, address, run)
-                found, owner = address, _owner_text(run)
+                found, owner = address, owner_text(run)
             except ClientError as exc:
                 if error_code(exc) != "InvalidChangeBatch":
                     raise
                 found, owner = self._records(zone_id, fqdn)  # another's, made meanwhile
-        if owner != _owner_text(run):
+        if owner != owner_text(run):
             raise NotOwned(f"{fqdn} exists ({found}) and no run owns it, or another does "
                            f"({owner}): remove it or choose another name")
         if found != address:
             raise ProvisioningFailed(f"{fqdn} points at {found}, not at this run's {address}: "
                                      "an operator must look")
-        record_effect(Effect("route53", "dns_record", _record_id(fqdn, run),
+        record_effect(Effect("route53", "dns_record", record_id(fqdn, run),
                              idempotency_key=effect_key()))
         _after(state, "create_record")
         return {"record": {"name": fqdn, "value": address}}
@@ -314,7 +321,7 @@ class Provisioner:
 
     def _change(self, zone_id: str, action: str, fqdn: str, address: str | None,
                 run: str) -> None:
-        records = [("TXT", _owner_text(run))] + ([("A", address)] if address else [])
+        records = [("TXT", owner_text(run))] + ([("A", address)] if address else [])
         self.route53.change_resource_record_sets(HostedZoneId=zone_id, ChangeBatch={"Changes": [
             {"Action": action, "ResourceRecordSet": {"Name": fqdn, "Type": kind, "TTL": 60,
                                                      "ResourceRecords": [{"Value": value}]}}
@@ -327,9 +334,9 @@ class Provisioner:
         if zone_id is None:
             return False
         address, owner = self._records(zone_id, fqdn)
-        if owner != _owner_text(ctx.run_id):
+        if owner != owner_text(ctx.run_id):
             return False  # never made, removed already, or another run's
-        record = _record_id(fqdn, ctx.run_id)
+        record = record_id(fqdn, ctx.run_id)
         _found(Effect("route53", "dns_record", record, idempotency_key=effect_key()))
         # Route 53 deletes a record only if it is exactly as given: changed meanwhile, it
         # refuses, and the attempt is retried on what is there then.
