@@ -7,16 +7,21 @@ same version id. So:
 - ``delete_object`` refuses a bucket whose versioning is not on (a delete there could not be
   undone), before any effect; tags the current version ``stateguard:deleted-by=<run>`` (its
   owner: the tag is how a compensation, or the step run again, knows which version this run
-  deleted, also when the step died before its result was saved); then deletes the object.
+  deleted, also when the step died before its result was saved) and ``stateguard:token=<the
+  step's effect_key()>`` (which step: a reconciliation records a delete it finds under it);
+  then deletes the object.
 - ``verify_gone`` checks that the key answers 404 now (``fail_at`` there simulates a failure
   after the delete).
 - The compensation (``restore_object``, ``in_doubt_safe``) finds the version tagged with its
   run, removes the delete markers stacked on it (this run's, and any later delete of the same
-  already deleted file), and takes its tag off: the object is back exactly, tags included. It
+  already deleted file), and takes its tags off: the object is back exactly, tags included. It
   removes nothing when no version carries its run's tag, and leaves the key alone when someone
   wrote it again since (the newer object stays current).
 
-Each delete marker and each removal goes into the effect ledger. Options
+Each delete marker and each removal goes into the effect ledger; the compensation records the
+marker it finds too (the step may have died before it could), and the removal an earlier
+attempt of its own made and could not record (``manage.py reconcile_effects --provider s3``
+compares the ledger with the bucket's versions). Options
 (``STATEGUARD_AGENT_OPTIONS={"cleanup": {"buckets": [...]}}``): the buckets the agent may delete
 from; with AWS itself none until named, any bucket of the local stand-in.
 """
@@ -32,7 +37,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from pydantic import Field
 
-from agents.aws import aws_settings, client, error_code
+from agents.aws import TOKEN_TAG, aws_settings, client, error_code
 from agents.registry import AgentInput, AgentSettings, AgentSpec, AwsSettings, register, run_id
 from stateguard import (
     Compensation,
@@ -46,6 +51,7 @@ from stateguard import (
 NODES = ("delete_object", "verify_gone")
 OWNER_TAG = "stateguard:deleted-by"
 MAX_TAGS = 10  # S3's limit per object version
+OURS = (OWNER_TAG, TOKEN_TAG)  # the tags a delete adds, and its undo takes off
 
 
 class CleanupInput(AgentInput):
@@ -147,10 +153,20 @@ class Cleaner:
         if latest is not None and latest.get("marker"):
             # The markers on top of this run's version, newest first (one, unless the gone
             # file was deleted again since). Removing the last makes the version current.
-            for marker in self._markers_on(bucket, key, newest):
+            markers = self._markers_on(bucket, key, newest)
+            # The oldest is this run's delete: recorded here too, as the step may have died
+            # between S3's answer and its own record (recorded already, it changes nothing).
+            record_effect(Effect("s3", "delete_marker", _marker_id(bucket, markers[-1]),
+                                 idempotency_key=effect_key()))
+            for marker in markers:
                 self.s3.delete_object(Bucket=bucket, Key=key, VersionId=marker)
                 done = _marker_id(bucket, marker)
                 record_effect(Effect("s3", "restore", f"{done} removed", undoes=done))
+        elif state.get("delete_marker") and not self._has_marker(bucket, key,
+                                                                 state["delete_marker"]):
+            # An earlier attempt removed the step's marker and died before it said so.
+            done = _marker_id(bucket, state["delete_marker"])
+            record_effect(Effect("s3", "restore", f"{done} removed", undoes=done))
         # Its tags as they were before this run marked it; also when an earlier attempt
         # removed the markers and died before this.
         self._untag(bucket, key, newest["VersionId"])
@@ -181,6 +197,10 @@ class Cleaner:
         _, markers = self._listing(bucket, key)
         return [m["VersionId"] for m in markers if m["LastModified"] >= version["LastModified"]]
 
+    def _has_marker(self, bucket: str, key: str, marker: str) -> bool:
+        _, markers = self._listing(bucket, key)
+        return any(m["VersionId"] == marker for m in markers)
+
     def _tags(self, bucket: str, key: str, version: str) -> list[dict[str, str]]:
         return list(self.s3.get_object_tagging(Bucket=bucket, Key=key,
                                                VersionId=version)["TagSet"])
@@ -191,14 +211,16 @@ class Cleaner:
 
     def _tag(self, bucket: str, key: str, version: str, run: str) -> None:
         tags = self._tags(bucket, key, version)
-        if len(tags) >= MAX_TAGS:
-            raise CleanupFailed(f"s3://{bucket}/{key} has {len(tags)} tags, S3's most: it "
-                                f"cannot be marked as this run's to restore; not deleted")
+        if len(tags) > MAX_TAGS - len(OURS):
+            raise CleanupFailed(f"s3://{bucket}/{key} has {len(tags)} tags: with this run's "
+                                f"{len(OURS)} it would have more than S3's {MAX_TAGS}, so it "
+                                "cannot be marked as this run's to restore; not deleted")
         self.s3.put_object_tagging(Bucket=bucket, Key=key, VersionId=version, Tagging={
-            "TagSet": [*tags, {"Key": OWNER_TAG, "Value": run}]})
+            "TagSet": [*tags, {"Key": OWNER_TAG, "Value": run},
+                       {"Key": TOKEN_TAG, "Value": effect_key()}]})
 
     def _untag(self, bucket: str, key: str, version: str) -> None:
-        tags = [t for t in self._tags(bucket, key, version) if t["Key"] != OWNER_TAG]
+        tags = [t for t in self._tags(bucket, key, version) if t["Key"] not in OURS]
         if tags:
             self.s3.put_object_tagging(Bucket=bucket, Key=key, VersionId=version,
                                        Tagging={"TagSet": tags})

@@ -29,7 +29,11 @@ its run's tag, not in the step's result, and removes what it finds (nothing, if 
 before its effect). A step that runs again finds what its earlier run made by the step's token
 (the instance and the address) or by the group's and the record's names with its run's tag,
 and makes nothing twice. Each effect and each removal goes into the effect ledger
-(``record_effect``), where the dashboard shows it.
+(``record_effect``), where the dashboard shows it; a compensation records each part it found
+before it removes it, so a part whose step died before recording it is in the ledger too (and
+an instance an earlier attempt terminated, whose termination it did not record, is found
+terminated and recorded so). ``manage.py reconcile_effects --provider aws`` compares the
+ledger with what AWS holds by the same tags.
 
 ``fail_at`` and ``sleep_at``/``sleep_seconds`` simulate a failing or slow step (before its
 effect; with ``sleep_after_effect`` the step sleeps after it instead: a slow answer, for the
@@ -55,7 +59,16 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from pydantic import Field
 
-from agents.aws import RUN_TAG, aws_settings, client, error_code, tag_filters, tag_of, tags
+from agents.aws import (
+    RUN_TAG,
+    TOKEN_TAG,
+    aws_settings,
+    client,
+    error_code,
+    tag_filters,
+    tag_of,
+    tags,
+)
 from agents.registry import AgentInput, AgentSettings, AgentSpec, AwsSettings, register, run_id
 from stateguard import (
     Compensation,
@@ -71,6 +84,7 @@ Node = Literal["create_group", "launch_instance", "attach_address", "create_reco
 INSTANCE_TYPES = Literal["t3.nano", "t3.micro", "t3.small", "t3.medium"]
 LOCAL_IMAGE = "ami-12c6146b"  # one of the images moto's server knows
 ALIVE = ["pending", "running", "stopping", "stopped"]  # an instance not (being) terminated
+ENDING = ["shutting-down", "terminated"]
 # Real AWS takes a minute to start or end an instance; moto's server answers at once.
 WAIT = {"Delay": 5, "MaxAttempts": 60}
 
@@ -142,11 +156,18 @@ def group_name(name: str) -> str:
     return f"stateguard-{name}"
 
 
-def _owner_text(run: str) -> str:
+def owner_text(run: str) -> str:
+    """The value of the TXT record that says which run owns the A record beside it."""
     return f'"stateguard:run={run}"'  # a TXT record's value is quoted
 
 
-def _record_id(fqdn: str, run: str) -> str:
+def owner_of(text: str) -> str | None:
+    """The run an owner TXT record's value names (``None``: not such a record)."""
+    match = re.fullmatch(r'"stateguard:run=([^"]+)"', text)
+    return match[1] if match else None
+
+
+def record_id(fqdn: str, run: str) -> str:
     """The ledger's id of a run's DNS record: the name alone is another run's later on."""
     return f"{fqdn} A {run}"
 
@@ -177,7 +198,8 @@ class Provisioner:
         try:
             group_id = self.ec2.create_security_group(
                 GroupName=group_name(name), Description=f"StateGuard server {name}",
-                TagSpecifications=tags("security-group", run=run, name=name, Name=name),
+                TagSpecifications=tags("security-group", run=run, name=name, token=effect_key(),
+                                       Name=name),
             )["GroupId"]
         except ClientError as exc:
             if error_code(exc) != "InvalidGroup.Duplicate":
@@ -224,9 +246,10 @@ class Provisioner:
         _after(state, "launch_instance")
         return {"instance_id": instance_id}
 
-    def _instances(self, filters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _instances(self, filters: list[dict[str, Any]], states: list[str] = ALIVE
+                   ) -> list[dict[str, Any]]:
         pages = self.ec2.get_paginator("describe_instances").paginate(Filters=[
-            *filters, {"Name": "instance-state-name", "Values": ALIVE}])
+            *filters, {"Name": "instance-state-name", "Values": states}])
         return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
 
     def attach_address(self, state: dict[str, Any], config: RunnableConfig) -> dict[str, Any]:
@@ -257,18 +280,18 @@ class Provisioner:
             # The record and its owner in one batch: both are made, or neither.
             try:
                 self._change(zone_id, "CREATE", fqdn, address, run)
-                found, owner = address, _owner_text(run)
+                found, owner = address, owner_text(run)
             except ClientError as exc:
                 if error_code(exc) != "InvalidChangeBatch":
                     raise
                 found, owner = self._records(zone_id, fqdn)  # another's, made meanwhile
-        if owner != _owner_text(run):
+        if owner != owner_text(run):
             raise NotOwned(f"{fqdn} exists ({found}) and no run owns it, or another does "
                            f"({owner}): remove it or choose another name")
         if found != address:
             raise ProvisioningFailed(f"{fqdn} points at {found}, not at this run's {address}: "
                                      "an operator must look")
-        record_effect(Effect("route53", "dns_record", _record_id(fqdn, run),
+        record_effect(Effect("route53", "dns_record", record_id(fqdn, run),
                              idempotency_key=effect_key()))
         _after(state, "create_record")
         return {"record": {"name": fqdn, "value": address}}
@@ -298,7 +321,7 @@ class Provisioner:
 
     def _change(self, zone_id: str, action: str, fqdn: str, address: str | None,
                 run: str) -> None:
-        records = [("TXT", _owner_text(run))] + ([("A", address)] if address else [])
+        records = [("TXT", owner_text(run))] + ([("A", address)] if address else [])
         self.route53.change_resource_record_sets(HostedZoneId=zone_id, ChangeBatch={"Changes": [
             {"Action": action, "ResourceRecordSet": {"Name": fqdn, "Type": kind, "TTL": 60,
                                                      "ResourceRecords": [{"Value": value}]}}
@@ -311,12 +334,13 @@ class Provisioner:
         if zone_id is None:
             return False
         address, owner = self._records(zone_id, fqdn)
-        if owner != _owner_text(ctx.run_id):
+        if owner != owner_text(ctx.run_id):
             return False  # never made, removed already, or another run's
+        record = record_id(fqdn, ctx.run_id)
+        _found(Effect("route53", "dns_record", record, idempotency_key=effect_key()))
         # Route 53 deletes a record only if it is exactly as given: changed meanwhile, it
         # refuses, and the attempt is retried on what is there then.
         self._change(zone_id, "DELETE", fqdn, address, ctx.run_id)
-        record = _record_id(fqdn, ctx.run_id)
         record_effect(Effect("route53", "deletion", f"{record} deleted", undoes=record))
         return True
 
@@ -325,6 +349,8 @@ class Provisioner:
             run=ctx.run_id, name=state["name"]))["Addresses"]
         for address in found:
             allocation = address["AllocationId"]
+            _found(Effect("ec2", "elastic_ip", allocation,
+                          idempotency_key=tag_of(address, TOKEN_TAG) or effect_key()))
             if address.get("AssociationId"):
                 _unless_gone(self.ec2.disassociate_address, "InvalidAssociationID.NotFound",
                              AssociationId=address["AssociationId"])
@@ -335,16 +361,27 @@ class Provisioner:
         return bool(found)
 
     def terminate_instance(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        ids = [i["InstanceId"] for i in self._instances(tag_filters(run=ctx.run_id,
-                                                                    name=state["name"]))]
-        if not ids:
+        # Ended ones too: an earlier attempt may have terminated them and died before the
+        # ledger heard (AWS lists a terminated instance for about an hour).
+        found = self._instances(tag_filters(run=ctx.run_id, name=state["name"]),
+                                states=ALIVE + ENDING)
+        if not found:
             return False
-        self.ec2.terminate_instances(InstanceIds=ids)
-        for instance_id in ids:
+        for instance in found:
+            _found(Effect("ec2", "instance", instance["InstanceId"],
+                          idempotency_key=tag_of(instance, TOKEN_TAG) or effect_key()))
+        alive = [i["InstanceId"] for i in found if i["State"]["Name"] in ALIVE]
+        if alive:
+            self.ec2.terminate_instances(InstanceIds=alive)
+        for instance in found:
+            instance_id = instance["InstanceId"]
             record_effect(Effect("ec2", "termination", f"{instance_id} terminated",
                                  undoes=instance_id))
         # The group cannot be deleted while an instance in it is still shutting down.
-        self.ec2.get_waiter("instance_terminated").wait(InstanceIds=ids, WaiterConfig=WAIT)
+        ending = [i["InstanceId"] for i in found if i["State"]["Name"] != "terminated"]
+        if ending:
+            self.ec2.get_waiter("instance_terminated").wait(InstanceIds=ending,
+                                                            WaiterConfig=WAIT)
         return True
 
     def delete_group(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
@@ -352,6 +389,8 @@ class Provisioner:
             {"Name": "group-name", "Values": [group_name(state["name"])]},
             *tag_filters(run=ctx.run_id)])["SecurityGroups"]
         for group in groups:
+            _found(Effect("ec2", "security_group", group["GroupId"],
+                          idempotency_key=tag_of(group, TOKEN_TAG) or effect_key()))
             _unless_gone(self.ec2.delete_security_group, "InvalidGroup.NotFound",
                          GroupId=group["GroupId"])
             record_effect(Effect("ec2", "deletion", f"{group['GroupId']} deleted",
@@ -365,6 +404,14 @@ class Provisioner:
         for a, b in zip([START, *NODES], [*NODES, END], strict=True):
             builder.add_edge(a, b)
         return builder
+
+
+def _found(effect: Effect) -> None:
+    """Record what a compensation found by its run's tag before it removes it: the ledger may
+    not have it (the "ledger gap": the step's worker died between AWS's answer and its
+    ``record_effect``). Recorded already, it changes nothing; recorded now, the removal that
+    follows settles it ``compensated`` as for any other part."""
+    record_effect(effect)
 
 
 def _unless_gone(call: Any, gone: str, **kwargs: Any) -> None:

@@ -148,8 +148,7 @@ def record_effect(effect: Effect) -> EffectRecord:
                                                    effect))
 
 
-
-def effect_key() -> str:
+def effect_key(*, run_id: str | None = None, step_id: str | None = None) -> str:
     """The idempotency key for the provider's request that makes the effect of the step
     running now (a node's body, a tool call, a ``@task``): the same on every run of that step
     (a resume after ``interrupt()``, a retry, a recovery), so a provider that honours it
@@ -157,10 +156,23 @@ def effect_key() -> str:
     compensation gets (``ctx.idempotency_key``): a refund is another request than the charge.
     Called in a compensation, it is the key of the step being compensated, which the effect
     was made with: a compensation finds the effect by it when the step saved no result.
+
+    With ``run_id`` and ``step_id`` (both), the key of that step of that run, from anywhere:
+    a reconciliation that finds a resource carrying a key (an AWS ``ClientToken``, a
+    ``Message-ID``) names the step that made it by matching its steps' keys.
     """
+    if run_id is not None or step_id is not None:
+        if not run_id or not step_id:
+            raise ConfigurationError("effect_key(run_id=..., step_id=...) takes both, or "
+                                     "neither (the step running now)")
+        return _key(run_id, step_id)
     scope = _scope.get()
     if scope is None:
         raise ConfigurationError("effect_key() names the effect of the step running now: call "
                                  "it from a node, a tool call or a task that StateGuard runs")
-    digest = hashlib.sha256(f"{scope.run_id}\x00{scope.step_id}\x00effect".encode()).hexdigest()
+    return _key(scope.run_id, scope.step_id)
+
+
+def _key(run_id: str, step_id: str) -> str:
+    digest = hashlib.sha256(f"{run_id}\x00{step_id}\x00effect".encode()).hexdigest()
     return f"sg-effect-{digest[:32]}"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stateguard_web.payments import ledger
+
 
 @dataclass(frozen=True, slots=True)
 class Label:
@@ -86,11 +88,23 @@ LABELS: dict[str, dict[str, Label]] = {
         "skipped": Label("warn", "↷", "skipped"),
         "failed": Label("bad", "✕", "failed"),
     },
+    # The same words for every provider's effects (payments.ledger says which applies).
     "effect": {
-        "applied": Label("ok", "●", "applied"),
-        "partially_compensated": Label("warn", "◐", "partly compensated"),
-        "compensated": Label("undo", "↩", "compensated"),
-        "undoes": Label("undo", "↩", "undoes"),  # a refund: the ledger settles it "compensated"
+        "applied": Label("ok", "●", "applied",
+                         "Done: the provider has it (a charge made, a server running, a file "
+                         "deleted, an e-mail sent)."),
+        "partially_compensated": Label("warn", "◐", "partly compensated",
+                                       "Undone in part: refunds below the amount charged."),
+        "compensated": Label("undo", "↩", "compensated",
+                             "Undone: refunded, removed or restored; an e-mail, which cannot "
+                             "be unsent, answered by its apology."),
+        # a refund, a removal, an apology: the ledger settles what it undoes "compensated"
+        "undoes": Label("undo", "↩", "undoes", "The effect that undid the one it names."),
+        ledger.IN_DOUBT: Label("warn", "?", "in doubt",
+                               "The ledger cannot vouch for it: the undo of its step was tried "
+                               "and recorded no undo of it (it failed, waits, runs, or found "
+                               "nothing). Whether the provider still has it is unknown until "
+                               "someone asks: manage.py reconcile_effects."),
     },
     "graph": {
         "awaiting_approval": Label("wait", "‖", "awaiting approval"),

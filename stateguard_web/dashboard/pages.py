@@ -27,6 +27,7 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard import graph, labels, outbox
 from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
+from stateguard_web.payments.ledger import LedgerRow, ledger_rows
 from stateguard_web.runs import runtime, selectors
 from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
 
@@ -201,6 +202,7 @@ class RunPage:
     steps: list[StepView]
     compensations: list[Compensation]
     effects: list[Effect]
+    ledger: list[LedgerRow]  # the effects with what the ledger says of each (payments.ledger)
     approvals: list[Approval]
     audit: list[Any]
     pending: list[Approval]
@@ -257,9 +259,10 @@ def run_page(*, run: Run, user: Any) -> RunPage:
                   if can_operate and Action.COMPENSATE in unwinds else None)
     failed_step = next((s for s in reversed(steps) if s.status == Step.Status.FAILED), None)
     views = _step_views(run, steps, compensations)
+    effects = list(run.effects.order_by("recorded_at", "pk"))
     page = RunPage(
-        run=run, steps=views, compensations=compensations,
-        effects=list(run.effects.order_by("recorded_at", "pk")), approvals=approvals,
+        run=run, steps=views, compensations=compensations, effects=effects,
+        ledger=ledger_rows(effects, compensations), approvals=approvals,
         audit=list(run.audit_events.order_by("created_at", "pk")), pending=pending,
         violation=violation,
         # The whole state, its messages journaled against earlier steps' (stateguard.history).

@@ -28,9 +28,10 @@ from django.utils.html import format_html
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.payments import reconcile, selectors
+from stateguard_web.payments import reconcile_stripe, selectors
 from stateguard_web.payments import stripe_client as stripe_module
 from stateguard_web.payments.confirmation import refund_confirm
+from stateguard_web.payments.drift import ReconcileError
 from stateguard_web.payments.models import LedgerEffect
 from stateguard_web.sagas import admin as sagas_admin
 from stateguard_web.sagas.models import Effect, Run
@@ -56,8 +57,8 @@ class RefundActions:
 
     def _verify(self, request: HttpRequest, runs: QuerySet[Run]) -> None:
         try:
-            report = reconcile.ledger_reconcile(runs=runs, by=request.user)
-        except reconcile.ReconcileError as exc:
+            report = reconcile_stripe.ledger_reconcile(runs=runs, by=request.user)
+        except ReconcileError as exc:
             self.message_user(request, f"Could not verify with Stripe: {exc}", messages.ERROR)
             return
         for drift in report.unresolved[:MAX_DRIFT_MESSAGES]:

@@ -105,12 +105,15 @@ def agent_settings() -> AgentSettings:
     return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
                          stripe_api_base=settings.STRIPE_API_BASE,
                          sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
-                         mail=mail_settings(),
-                         aws=AwsSettings(region=settings.AWS_REGION,
-                                         endpoint_url=settings.AWS_ENDPOINT_URL,
-                                         access_key_id=settings.AWS_ACCESS_KEY_ID,
-                                         secret_access_key=settings.AWS_SECRET_ACCESS_KEY),
+                         mail=mail_settings(), aws=aws_settings(),
                          options=settings.STATEGUARD_AGENT_OPTIONS)
+
+
+def aws_settings() -> AwsSettings:
+    """Where the agents' AWS calls go (and ``reconcile_effects``'s): the ``AWS_*`` settings."""
+    return AwsSettings(region=settings.AWS_REGION, endpoint_url=settings.AWS_ENDPOINT_URL,
+                       access_key_id=settings.AWS_ACCESS_KEY_ID,
+                       secret_access_key=settings.AWS_SECRET_ACCESS_KEY)
 
 
 def mail_settings() -> MailSettings:

@@ -147,6 +147,10 @@ def test_it_restores_what_a_step_in_doubt_deleted(aws: AwsWorld, tmp_path: Path,
         ("delete_object", "succeeded")]
     assert current(aws) == (data, version, [{"Key": "owner", "Value": "finance"}])
     assert markers(aws) == 0 and [kind for kind, _, _ in effects][-1] == "restore"
+    # The marker is in the ledger, undone, also when the step died before recording it: the
+    # compensation recorded the marker it found.
+    assert [(kind, status) for kind, status, _ in effects] == [
+        ("delete_marker", "compensated"), ("restore", "compensated")]
 
 
 def test_with_aws_itself_it_deletes_from_no_bucket_until_one_is_named() -> None:

@@ -174,6 +174,14 @@ def test_it_finds_and_removes_what_a_step_in_doubt_made_and_only_that(
     assert aws.live() == server("web-1") and aws.owners() == {"web-1": {"run-1"}}
     assert aws.instances(alive=False) == ["db-2", "web-1"]  # one launched, no more
     assert [kind for kind, _, _ in effects].count("termination") == 1
+    # Each part removed is in the ledger, compensated, beside its removal: also the one the
+    # step could not record ("ledger:", the ledger gap), recorded by the compensation that
+    # found it by its run's tag.
+    made = [kind for kind, _, undoes in effects if not undoes]
+    assert {"ledger:elastic_ip": "elastic_ip", "ledger:instance": "instance",
+            "finish:attach_address": "elastic_ip", "finish:create_record": "dns_record"}[
+        die_at] in made
+    assert len(made) * 2 == len(effects) and {s for _, s, _ in effects} == {"compensated"}
 
 
 @pytest.mark.slow

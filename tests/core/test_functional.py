@@ -435,9 +435,10 @@ def test_it_gives_a_task_the_same_effect_key_on_every_run_of_its_step() -> None:
         undone_keys.append(effect_key())  # the key the charge was made with, to look it up
         return True
 
-    @entrypoint(checkpointer=world.guard(compensations={"charge_card": refund},
-                                         kinds={"charge_card": "retriable"},
-                                         step_retry=FAST_RETRY))
+    guard = world.guard(compensations={"charge_card": refund},
+                        kinds={"charge_card": "retriable"}, step_retry=FAST_RETRY)
+
+    @entrypoint(checkpointer=guard)
     def travel(inp: dict[str, int]) -> str:
         return book(charge_card(inp["amount"]).result()).result()
 
@@ -450,6 +451,12 @@ def test_it_gives_a_task_the_same_effect_key_on_every_run_of_its_step() -> None:
     assert first == again and first.startswith("sg-effect-") and other != first
     assert refund_keys and refund_keys[0] != first  # the refund is another request
     assert undone_keys == [first, other]  # in a compensation: the compensated step's key
+    # From outside the step, by its run and step: what a reconciliation matches a provider's
+    # token against.
+    [step] = [s for s in guard.journal.steps("t") if s.node == "charge_card"]
+    assert effect_key(run_id="t", step_id=step.step_id) == first
+    with pytest.raises(ConfigurationError, match="takes both"):
+        effect_key(run_id="t")
 
 
 def test_it_leaves_a_task_called_without_a_guard_alone() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import timedelta
+from typing import Any
 from unittest import mock
 
 import redis
@@ -323,6 +324,35 @@ class PageTests(DashboardWorld):
                               amount=25000, currency="usd", recorded_at=timezone.now())
         html = self.client_for("vera").get(self.url(self.paused)).content.decode()
         assert "pi_123" in html and "250.00 USD" in html and 'data-effect="charge"' in html
+
+    def test_it_says_the_same_of_every_providers_effects_and_which_are_in_doubt(self) -> None:
+        from stateguard_web.sagas.models import Effect
+
+        def effect(node: str, provider: str, kind: str, external_id: str, **extra: Any) -> None:
+            Effect.objects.create(run=self.stuck, step_id=f"{self.stuck.code}-{node}",
+                                  node=node, provider=provider, kind=kind,
+                                  external_id=external_id, recorded_at=timezone.now(), **extra)
+
+        # create_group has no compensation yet; launch_instance's undo succeeded and recorded
+        # the termination; attach_address's undo failed: its address may be released or not.
+        effect("create_group", "ec2", "security_group", "sg-1")
+        effect("launch_instance", "ec2", "instance", "i-1", status="compensated")
+        effect("launch_instance", "ec2", "termination", "i-1 terminated", undoes="i-1",
+               status="compensated")
+        effect("attach_address", "ec2", "elastic_ip", "eipalloc-1")
+        effect("attach_address", "smtp", "email", "<sg-effect-1@shop.test>")
+        html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
+
+        states = re.findall(r'data-provider="(\w+)" data-state="(\w+)">\s*<td><span class="badge '
+                            r'st-(\w+)" data-status="\w+" title="([^"]+)"><span aria-hidden="true">'
+                            r'.</span> ([^<]+)</span>', html)
+        assert [(p, state, css, words) for p, state, css, _, words in states] == [
+            ("ec2", "applied", "ok", "applied"),
+            ("ec2", "compensated", "undo", "compensated"),
+            ("ec2", "undoes", "undo", "undoes"),
+            ("ec2", "in_doubt", "warn", "in doubt"),
+            ("smtp", "in_doubt", "warn", "in doubt")]
+        assert "reconcile_effects" in states[3][3]  # the tooltip says who can tell
 
     def test_it_shows_the_audit_trail(self) -> None:
         html = self.client_for("vera").get(self.url(self.scripted)).content.decode()

@@ -10,16 +10,17 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import TestCase
 
-from stateguard_web.payments.reconcile import ledger_reconcile
+from stateguard_web.payments.reconcile_stripe import ledger_reconcile
 from stateguard_web.sagas.models import AuditEvent, Effect, Run
 from tests.web.payments.world import StripeWorld, charge, ledger, people, refunded_at_stripe
 
 
-def reconcile(*args: str) -> tuple[int, list[str]]:
-    """Run the command in this process; its exit status and its lines."""
+def reconcile(*args: str, provider: str = "stripe") -> tuple[int, list[str]]:
+    """Run the command in this process (with Stripe alone, by default); its exit status and
+    its lines."""
     out = io.StringIO()
     try:
-        call_command("reconcile_effects", *args, stdout=out)
+        call_command("reconcile_effects", "--provider", provider, *args, stdout=out)
         status = 0
     except CommandError as exc:
         status = exc.returncode
@@ -48,7 +49,7 @@ class ReconcileTests(StripeWorld, TestCase):
         assert lines[0].startswith(f"DRIFT {pi} (run {self.run.code}): charged 20.00 USD at "
                                    "Stripe (ch_")
         assert lines[0].endswith("), not in the ledger")
-        assert lines[-1] == "1 drift(s) remain (--fix records what Stripe shows)"
+        assert lines[-1] == "1 drift(s) remain (--fix records what the providers show)"
         assert not Effect.objects.exists()
 
         status, lines = reconcile("--fix", "--by", "bob")
@@ -131,7 +132,7 @@ class ReconcileTests(StripeWorld, TestCase):
             status, lines = reconcile()
         assert status == 1
         assert lines == ["could not read Stripe: Stripe could not be reached, or its answer "
-                         "was lost (a network error)"]
+                         "was lost (a network error)", "not compared: stripe"]
 
     def test_a_lost_refund_answer_is_found_and_recorded(self) -> None:
         """A refund made by hand whose answer was lost: recorded by reconcile, not refunded
