@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja import Header, Query, Router, Status
 from ninja.errors import ValidationError
 from pydantic import ValidationError as PydanticError
@@ -31,8 +32,9 @@ from stateguard_web.api.schemas import (
     RunIn,
     RunListOut,
     RunOut,
+    TimelineOut,
 )
-from stateguard_web.runs import selectors, services
+from stateguard_web.runs import selectors, services, timeline
 from stateguard_web.sagas.models import Approval, Run
 
 router = Router(tags=["runs"])
@@ -75,6 +77,16 @@ def get_run(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
     invariant if any, and its audit trail."""
     _, run = run_for(request, code, Ability.VIEW, detail=True)
     return selectors.run_detail(run=run)
+
+
+@router.get("/{code}/timeline", response={200: TimelineOut, **errors(404, 422)},
+            summary="Read a run's timeline")
+def get_run_timeline(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
+    """Where the run's time went and what ran at once, as the run page draws it: a bar per
+    step, tool call, model's turn, approval's wait and compensation (with its attempts), each
+    in a lane of its group, from the journal's times."""
+    _, run = run_for(request, code, Ability.VIEW)
+    return timeline.as_data(timeline.read(run=run, now=timezone.now()), run)
 
 
 def _decide(request: HttpRequest, code: uuid.UUID, data: DecisionIn,

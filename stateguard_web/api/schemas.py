@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
 from pydantic import (
@@ -305,6 +305,51 @@ class RunDetailOut(RunOut):
     approvals: list[ApprovalOut]
     violated_invariant: InvariantOut | None
     audit: list[AuditOut]
+
+
+class TimelineAttemptOut(Out):
+    number: int
+    ok: bool
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    summary: str = Field(description="its result, or its error in one line")
+
+
+class TimelineBarOut(Out):
+    group: Literal["model", "steps", "tools", "approvals", "compensations"] = Field(
+        description="model: the model's turns (an AI run); tools: its tool calls")
+    lane: int = Field(description="its lane in its group, from 0: bars that overlapped in "
+                                  "time (ran at once) are on different lanes")
+    kind: Literal["model", "step", "tool_call", "approval", "compensation"]
+    name: str = Field(description="the node or tool; of an approval, the gated node; of a "
+                                  "compensation, the node it undoes")
+    status: str = Field(description="the journal's status of the step, approval or "
+                                    "compensation; a step that started and never finished "
+                                    "while no worker runs it: in_doubt")
+    step_id: str
+    started_at: datetime
+    finished_at: datetime | None = Field(description="null while it is not over (or, in "
+                                                     "doubt, never known)")
+    duration_ms: float = Field(description="to finished_at; for a bar not over, to now (or, "
+                                           "in doubt, to the next thing the run did)")
+    detail: str = Field(description="what the model asked for, the error, who decided, ...")
+    attempts: list[TimelineAttemptOut] = Field(description="a compensation's attempts")
+
+
+class TimelineOut(Out):
+    code: uuid.UUID
+    status: RunStatus
+    started_at: datetime = Field(description="the run's submission: where the timeline starts")
+    ends_at: datetime = Field(description="now while the run goes on, else its last time")
+    ticking: bool = Field(description="the run goes on (or waits): open bars grow")
+    duration_ms: float
+    queued_ms: float = Field(description="from the submission to the first step")
+    totals_ms: dict[str, float] = Field(description="per group, the time covered by its bars "
+                                                    "(overlaps counted once)")
+    lanes: dict[str, int] = Field(description="per group, its lanes: how many of its bars ran "
+                                              "at once, at most")
+    bars: list[TimelineBarOut] = Field(description="by group, then start")
 
 
 class AgentOut(Out):

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from stateguard import lifecycle
@@ -24,12 +24,20 @@ from stateguard.spec import GuardSpec, build_compensations
 from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import graph, labels, outbox
+from stateguard_web.dashboard import graph, labels, outbox, timeline_svg
 from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
 from stateguard_web.payments.ledger import LedgerRow, ledger_rows
-from stateguard_web.runs import runtime, selectors
-from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
+from stateguard_web.runs import runtime, selectors, timeline
+from stateguard_web.runs.timeline import Timeline
+from stateguard_web.sagas.models import (
+    Approval,
+    Compensation,
+    CompensationAttempt,
+    Effect,
+    Run,
+    Step,
+)
 
 PAGE_SIZE = 50
 INBOX_LIMIT = 200
@@ -152,12 +160,7 @@ def step_state(step: Step, run: Run, now: datetime) -> str:
     step that started and never finished while no worker runs it any more (the run stopped
     running, or its worker's lease ran out: it died). Recovery may have unwound the run since,
     but the step itself stays "started" in the journal: its effect is unknown for good."""
-    if step.status != Step.Status.STARTED:
-        return str(step.status)
-    lease_lost = run.lease_expires_at is not None and run.lease_expires_at < now
-    if run.status == Run.Status.RUNNING and not lease_lost:
-        return str(step.status)
-    return labels.IN_DOUBT
+    return labels.IN_DOUBT if timeline.step_in_doubt(step, run, now) else str(step.status)
 
 
 # What became of a step in doubt, by its compensation's status (None: it has none, or not yet).
@@ -228,6 +231,10 @@ class RunPage:
     conversation: list[Turn] = field(default_factory=list)
     # Whether the ledger's e-mails link to the Outbox (outbox.py: make run's mail server).
     outbox: bool = False
+    # Where the run's time went, and what ran at once (runs/timeline.py), and its picture.
+    timeline: Timeline | None = None
+    timeline_svg: str = ""
+    timeline_summary: str = ""
 
     @property
     def run_actions(self) -> set[str]:
@@ -238,7 +245,10 @@ class RunPage:
 
 def run_page(*, run: Run, user: Any) -> RunPage:
     steps = list(run.steps.order_by("started_at", "pk"))
-    compensations = list(run.compensations.select_related("step").prefetch_related("attempts")
+    # The attempts in their order by number alone: their default ordering (a compensation's,
+    # then its run's) joined both tables to every read of them.
+    attempts = Prefetch("attempts", CompensationAttempt.objects.order_by("number"))
+    compensations = list(run.compensations.select_related("step").prefetch_related(attempts)
                          .order_by("created_at", "pk"))
     approvals = list(run.approvals.order_by("requested_at", "pk"))
     pending = [a for a in approvals if a.status == Approval.Status.PENDING]
@@ -276,9 +286,23 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         conversation=conversation(steps), outbox=outbox.shown_to(user))
     if actions & {Action.COMPENSATE, Action.REJECT}:
         page.undo_plan = undo_plan(run, compensations)
+    _timeline(page, steps)
     if access.may(user, Ability.REFUND, run):
         page.refundable = {e.pk for e in page.effects if payments.refundable(e)}
     return page
+
+
+def _timeline(page: RunPage, steps: list[Step]) -> None:
+    """The run's timeline, from the rows the page read already (no query of its own)."""
+    line = timeline.build(run=page.run, steps=steps, approvals=page.approvals,
+                          compensations=page.compensations,
+                          attempts={c.pk: list(c.attempts.all()) for c in page.compensations},
+                          now=timezone.now())
+    if line.bars:
+        page.timeline = line
+        page.timeline_summary = timeline_svg.summary(line)
+        page.timeline_svg = timeline_svg.render(
+            line, title=f"Timeline of the run: {page.timeline_summary}")
 
 
 def next_attempt(run: Run, compensations: list[Compensation]) -> datetime | None:

@@ -148,8 +148,12 @@
   // and does not tell the reader of an open confirmation that the run moved on.
   var rendered = {};
 
+  // Nor do the parts drawn against the clock (data-live-clock: a live run's timeline, whose
+  // open bars end "now"): they differ on every read, and change with the rest when it does.
   function normalized(el) {
-    return el.outerHTML.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
+    var copy = el.cloneNode(true);
+    copy.querySelectorAll("[data-live-clock]").forEach(function (c) { c.remove(); });
+    return copy.outerHTML.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
   }
 
   function remember(root) {
@@ -207,6 +211,9 @@
     document.querySelectorAll("input[data-pick]:checked").forEach(function (b) { ticked[b.value] = true; });
     var active = document.activeElement;
     var focusId = active && (active.id || (active.closest("details[id]") || {}).id);
+    // A frame scrolled sideways (the timeline on a phone) stays where the reader left it.
+    var scrolled = {};
+    document.querySelectorAll("[data-keep-scroll][id]").forEach(function (el) { scrolled[el.id] = el.scrollLeft; });
     remember(doc);
     document.querySelectorAll("[data-live-region][id]").forEach(function (el) {
       var fresh = doc.getElementById(el.id);
@@ -221,6 +228,10 @@
       (target.tagName === "DETAILS" ? target.querySelector("summary") : target).focus();
     }
     document.querySelectorAll("input[data-pick]").forEach(function (b) { b.checked = !!ticked[b.value]; });
+    Object.keys(scrolled).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) el.scrollLeft = scrolled[id];
+    });
     document.title = doc.title;
     formatTimes(document);
     formatWaits(document);

@@ -36,6 +36,12 @@ def outside_details(html: str) -> str:
     return "".join(shown)
 
 
+def graph_svg(html: str) -> str:
+    """The agent's graph on a run's page (the timeline above it is an SVG too)."""
+    start = html.index('<svg class="graph"')
+    return html[start:html.index("</svg>", start)]
+
+
 def actions_on(html: str) -> list[str]:
     """The action forms a page offers (the POST targets of its confirmations)."""
     return sorted(set(ACTION_URL.findall(html)))
@@ -243,7 +249,7 @@ class PageTests(DashboardWorld):
 
     def test_it_draws_the_agents_graph_with_each_steps_status(self) -> None:
         html = self.client_for("vera").get(self.url(self.paused)).content.decode()
-        svg = html[html.index("<svg"):html.index("</svg>")]
+        svg = graph_svg(html)
         assert re.search(r'class="graph-node st-ok" data-node="create_customer">', svg)
         assert re.search(r'class="graph-node st-wait graph-current" data-node="charge_user">',
                          svg)
@@ -273,7 +279,7 @@ class PageTests(DashboardWorld):
         assert badge and "Whether it had its effect is unknown." in badge[1]
         note = re.search(r'<p class="note" data-in-doubt>([^<]+)</p>', html)
         assert note and note[1].endswith("Its compensation looked and found nothing to undo.")
-        svg = html[html.index("<svg"):html.index("</svg>")]
+        svg = graph_svg(html)
         node = re.search(r'<g class="graph-node st-warn" data-node="launch_instance"><title>'
                          r'([^<]+)</title>.*?<text class="graph-status"[^>]*>([^<]+)</text>',
                          svg)
@@ -305,7 +311,7 @@ class PageTests(DashboardWorld):
 
     def test_it_calls_each_status_the_same_on_its_badge_and_in_the_graph(self) -> None:
         html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
-        svg = html[html.index("<svg"):html.index("</svg>")]
+        svg = graph_svg(html)
         for node, words in [("launch_instance", "compensated"),
                             ("attach_address", "compensation failed")]:
             shown = re.search(rf'data-compensation="{node}".*?<span aria-hidden="true">.</span> '
