@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
 from pydantic import (
@@ -109,6 +109,13 @@ class DecisionIn(In):
 
 class CompensateIn(In):
     reason: Reason = ""
+
+
+class TerminateIn(In):
+    then: Literal["unwind", "hold"] = Field(
+        description="once the run stopped: unwind it (its compensations, newest first) or "
+                    "hold it needs_attention, nothing undone")
+    reason: Reason = Field("", description="kept in the audit trail and the run's error")
 
 
 class RetryIn(In):
