@@ -224,12 +224,13 @@ class GuardCore:
             raise RunTerminated(run_id, stop, node=node)
 
     def stopped(self, run_id: str, stop: StopRequest) -> None:
-        """``stop`` was carried out: forget it, and tell the journal (its status as it is now)."""
-        self.stops.forget(run_id)
+        """``stop`` was carried out: tell the journal (the run's status as it is now), then
+        forget it (in that order: the heartbeat would find it in the journal again)."""
         run = self.journal.run_get(run_id)
         status = run.status if run is not None else RunStatus.NEEDS_ATTENTION
         if isinstance(self.journal, StopJournal):
             self.journal.run_stop_done(run_id, stop, status)
+        self.stops.forget(run_id)
         emit(self.on_event, Event("run.terminated", run_id, data={
             "then": stop.then, "by": stop.by, "reason": stop.reason, "status": str(status)}))
 

@@ -176,6 +176,14 @@ class RequestsJournal(InMemoryJournal):
         self.done.append((run_id, stop.id, status))
 
 
+def heard(guard: StateGuardCheckpointer, run_id: str) -> None:
+    """Until the guard's lease heartbeat brought the journal's request to the run's process."""
+    deadline = time.monotonic() + 5
+    while guard.core.stops.get(run_id) is None:
+        assert time.monotonic() < deadline, "the heartbeat never saw the request"
+        time.sleep(0.01)
+
+
 def test_the_lease_heartbeat_brings_a_request_left_in_the_journal() -> None:
     journal = RequestsJournal()
     assert isinstance(journal, StopJournal)
@@ -188,10 +196,7 @@ def test_the_lease_heartbeat_brings_a_request_left_in_the_journal() -> None:
     assert slow.started.wait(10)
     journal.requests["t"] = StopRequest("unwind", "dave", id="req-1")  # another process
     # The lease's heartbeat sees it within a beat or two, while b's body still runs.
-    deadline = time.monotonic() + 5
-    while guard.core.stops.get("t") is None:
-        assert time.monotonic() < deadline, "the heartbeat never saw the request"
-        time.sleep(0.01)
+    heard(guard, "t")
     slow.go.set()
     worker.join(10)
 
@@ -233,6 +238,43 @@ def test_recovery_honours_a_stop_asked_before_the_process_died(then: str) -> Non
         assert view.run.status == RunStatus.NEEDS_ATTENTION
         assert effects == ["a", "b"]
     assert not journal.requests and journal.done[0][2] == view.run.status
+
+
+def test_recovery_goes_on_with_a_stops_unwind_its_process_died_in() -> None:
+    class Died(BaseException):
+        pass
+
+    effects: list[str] = []
+    journal = RequestsJournal()
+    crash = [True]
+
+    def undo_b(state: dict[str, Any], ctx: Any) -> bool:
+        if crash[0]:
+            crash[0] = False
+            raise Died  # the process dies while the stop's unwind runs
+        effects.append(f"undo:b:{ctx.reason}")
+        return True
+
+    slow = Slow()
+    guard = StateGuardCheckpointer(journal=journal, lease_ttl=1.0, lease_heartbeat=0.05,
+                                   compensations={"a": _reasons(effects)("a"), "b": undo_b},
+                                   compensation_retry=FAST_RETRY)
+    graph = guard.compile(line_builder(["a", "b", "c"], effects, {"b": slow}))
+    worker, raised = _running(guard, graph, "t")
+    assert slow.started.wait(10)
+    journal.requests["t"] = StopRequest("unwind", "dave", id="req-2")
+    heard(guard, "t")
+    slow.go.set()
+    worker.join(10)
+    assert isinstance(raised[0], Died)
+    assert guard.status("t").run.status == RunStatus.COMPENSATING
+    assert journal.requests  # not carried out: still asked
+
+    guard.recover(graph, config("t"))
+
+    assert effects == ["a", "b", "undo:b:terminated", "undo:a:terminated"]
+    assert guard.status("t").run.status == RunStatus.COMPENSATED
+    assert journal.done == [("t", "req-2", RunStatus.COMPENSATED)] and not journal.requests
 
 
 def test_a_pending_run_is_cancelled_with_nothing_to_undo() -> None:
