@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         LeaseLost,
         RunLocked,
         RunNotFound,
+        RunTerminated,
         SagaAborted,
         StateGuardError,
         ToolCallFailed,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
     from stateguard.retry import CompensationRetry, RetryLater
     from stateguard.spec import Compensation, Invariant
     from stateguard.sqlite_journal import SqliteJournal
+    from stateguard.stops import StopRequest
     from stateguard.sweep import SweepReport
     from stateguard.tool_calls import ToolCall, tool_calls
 
@@ -89,6 +91,7 @@ _WHERE = {
     "RetryLater": "stateguard.retry",
     "RunLocked": "stateguard.exceptions",
     "RunNotFound": "stateguard.exceptions",
+    "RunTerminated": "stateguard.exceptions",
     "RunStatus": "stateguard.records",
     "RunView": "stateguard.records",
     "SagaAborted": "stateguard.exceptions",
@@ -98,6 +101,7 @@ _WHERE = {
     "StateGuardError": "stateguard.exceptions",
     "StepKind": "stateguard.kinds",
     "StepStatus": "stateguard.records",
+    "StopRequest": "stateguard.stops",
     "ToolCall": "stateguard.tool_calls",
     "ToolCallFailed": "stateguard.exceptions",
     "UnwindReport": "stateguard.report",
@@ -134,6 +138,7 @@ __all__ = [
     "RunLocked",
     "RunNotFound",
     "RunStatus",
+    "RunTerminated",
     "RunView",
     "SagaAborted",
     "SqliteJournal",
@@ -141,6 +146,7 @@ __all__ = [
     "StateGuardError",
     "StepKind",
     "StepStatus",
+    "StopRequest",
     "SweepReport",
     "ToolCall",
     "ToolCallFailed",

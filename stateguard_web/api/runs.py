@@ -1,7 +1,8 @@
 """/api/runs: submit, list and read runs, and the operator's actions on one.
 
 Actions are requests that a worker carries out (one at a time per run): they answer 202 with
-the run, whose ``request`` shows what waits. Resolving by hand is done at once (200).
+the run, whose ``request`` shows what waits. Resolving by hand is done at once (200), and so is
+terminating a pending run no worker took.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from stateguard_web.api.schemas import (
     RunIn,
     RunListOut,
     RunOut,
+    TerminateIn,
     TimelineOut,
 )
 from stateguard_web.runs import selectors, services, timeline
@@ -155,6 +157,20 @@ def compensate_run(request: HttpRequest, code: uuid.UUID,
     who, run = run_for(request, code, Ability.OPERATE)
     run = services.run_compensate(run=run, by=who.actor, reason=data.reason if data else "")
     return Status(202, selectors.run_summary(run=run))
+
+
+@router.post("/{code}/terminate", response={200: RunOut, **ACTION},
+             summary="Terminate a running run")
+def terminate_run(request: HttpRequest, code: uuid.UUID, data: TerminateIn) -> Response:
+    """Stop a pending or running run now, then unwind it (``"then": "unwind"``) or hold it
+    ``needs_attention`` (``"hold"``). 202: the worker running it stops at its next step
+    boundary (``request`` shows the terminate until then); 200: a pending run no worker took
+    is settled at once (nothing ran). 409 for a run in another status, with a request
+    waiting, or past its pivot to unwind (hold it instead)."""
+    who, run = run_for(request, code, Ability.OPERATE)
+    run = services.run_terminate(run=run, by=who.actor, then=data.then, reason=data.reason)
+    waits = run.status in (Run.Status.PENDING, Run.Status.RUNNING)  # for a worker
+    return Status(202 if waits else 200, selectors.run_summary(run=run))
 
 
 @router.post("/{code}/resolve", response={200: RunOut, **errors(400, 404, 409, 422)},

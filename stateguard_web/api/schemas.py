@@ -111,6 +111,13 @@ class CompensateIn(In):
     reason: Reason = ""
 
 
+class TerminateIn(In):
+    then: Literal["unwind", "hold"] = Field(
+        description="once the run stopped: unwind it (its compensations, newest first) or "
+                    "hold it needs_attention, nothing undone")
+    reason: Reason = Field("", description="kept in the audit trail and the run's error")
+
+
 class RetryIn(In):
     from_step: StepName | None = Field(
         None, description="retry from this earlier step (a step id, or a node's name: its "

@@ -79,6 +79,13 @@ class CompensateForm(_Reason):
     pass
 
 
+class TerminateForm(_Reason):
+    """Terminate: what happens once the run stopped (the service checks it against the run)."""
+
+    then = forms.ChoiceField(choices=[("unwind", "Unwind it"), ("hold", "Hold it")],
+                             widget=forms.RadioSelect)
+
+
 class RetryFromForm(forms.Form):
     """Retry from an earlier step: the step the operator was shown, and an optional update of
     the agent's state (a JSON object), set before the step runs again."""

@@ -227,6 +227,8 @@ class RunPage:
     # Whether its steps offer "Retry from here…" (the confirmation asks the rule for the step
     # chosen: a pivot at or after it refuses it).
     retry_from: bool = False
+    # What "Terminate…" may do once the run stopped: "unwind" (not past its pivot), "hold".
+    terminate: list[str] = field(default_factory=list)
     # An AI run's conversation: the model's messages and each tool call (conversation.py).
     conversation: list[Turn] = field(default_factory=list)
     # Whether the ledger's e-mails link to the Outbox (outbox.py: make run's mail server).
@@ -240,7 +242,8 @@ class RunPage:
     def run_actions(self) -> set[str]:
         """The actions on the whole run (the header's buttons; the others are per approval or
         per compensation)."""
-        return self.actions & {Action.RETRY, Action.COMPENSATE, Action.RESOLVE}
+        return self.actions & {Action.RETRY, Action.COMPENSATE, Action.RESOLVE,
+                               Action.TERMINATE}
 
 
 def run_page(*, run: Run, user: Any) -> RunPage:
@@ -261,6 +264,9 @@ def run_page(*, run: Run, user: Any) -> RunPage:
                if a in lifecycle.REQUESTS} if can_operate else set()
     if not pending:
         actions -= {Action.APPROVE, Action.REJECT}
+    terminate = terminate_choices(run, waiting, pivot) if can_operate else []
+    if terminate:  # held, a run past its pivot may be terminated too
+        actions.add(str(Action.TERMINATE))
     # Say why there is no compensate button when only the pivot takes it away.
     unwinds = lifecycle.allowed(run.status, waiting=waiting) - lifecycle.allowed(
         run.status, waiting=waiting, pivot=pivot)
@@ -283,8 +289,8 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         retry_from=can_operate and lifecycle.refusal(
             Action.RETRY_FROM, run.status, waiting=waiting,
             undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None,
-        conversation=conversation(steps), outbox=outbox.shown_to(user))
-    if actions & {Action.COMPENSATE, Action.REJECT}:
+        conversation=conversation(steps), outbox=outbox.shown_to(user), terminate=terminate)
+    if actions & {Action.COMPENSATE, Action.REJECT, Action.TERMINATE}:
         page.undo_plan = undo_plan(run, compensations)
     _timeline(page, steps)
     if access.may(user, Ability.REFUND, run):
@@ -303,6 +309,15 @@ def _timeline(page: RunPage, steps: list[Step]) -> None:
         page.timeline_summary = timeline_svg.summary(line)
         page.timeline_svg = timeline_svg.render(
             line, title=f"Timeline of the run: {page.timeline_summary}")
+
+
+def terminate_choices(run: Run, waiting: str | None, pivot: Pivot | None) -> list[str]:
+    """What a terminate of ``run`` may do once it stopped, as the service checks it: hold it
+    (any pending or running run), and unwind it (not past its pivot)."""
+    if lifecycle.refusal(Action.TERMINATE, run.status, waiting=waiting) is not None:
+        return []
+    unwinds = lifecycle.refusal(Action.TERMINATE, run.status, waiting=waiting, pivot=pivot)
+    return ["hold"] if unwinds is not None else ["unwind", "hold"]
 
 
 def next_attempt(run: Run, compensations: list[Compensation]) -> datetime | None:
@@ -328,12 +343,20 @@ def undo_plan(run: Run, compensations: list[Compensation]) -> list[PlannedUndo]:
     done = {c.step.step_id for c in compensations
             if c.status in DONE_COMPENSATIONS}
     planned = []
+    # A step of a run its worker still runs is not in doubt: it runs now, and finishes before
+    # an unwind (a terminate stops the run at the next step).
+    running = run.status == Run.Status.RUNNING and not (
+        run.lease_expires_at is not None and run.lease_expires_at < timezone.now())
     for item in plan(runtime.journal(), str(run.code), guard_spec, include_in_doubt=True):
         step = item.step
         if item.compensation is None or step.step_id in done:
             continue
         if step.status in EFFECT_STATUSES:
             why = f"{step.node} {step.status}"
+        elif running and step.status == Step.Status.STARTED:
+            planned.append(PlannedUndo(step.node, step.step_id,
+                                       f"{step.node} running now: once it finished"))
+            continue
         else:
             why = f"{step.node} {step.status}: its effect is unknown, the undo checks first"
         note = ("" if not item.in_doubt or item.compensation.in_doubt_safe

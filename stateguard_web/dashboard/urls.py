@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/<uuid:code>/retry", views.run_retry, name="retry"),
     path("runs/<uuid:code>/compensate", views.run_compensate, name="compensate"),
     path("runs/<uuid:code>/retry-from", rewinds.run_retry_from, name="retry_from"),
+    path("runs/<uuid:code>/terminate", views.run_terminate, name="terminate"),
     path("runs/<uuid:code>/resolve", views.run_resolve, name="resolve"),
     path("runs/<uuid:code>/compensations/<int:pk>/retry", views.compensation_retry,
          name="retry_compensation"),

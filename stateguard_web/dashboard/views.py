@@ -33,6 +33,7 @@ from stateguard_web.dashboard.forms import (
     DecisionForm,
     ResolveForm,
     RunFilterForm,
+    TerminateForm,
 )
 from stateguard_web.runs import runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
@@ -134,13 +135,22 @@ def workers_banner(request: HttpRequest) -> HttpResponse:
 
 # -- actions ------------------------------------------------------------------------------
 
-def _act(request: HttpRequest, run: Run, act: Callable[[], Any], done: str) -> HttpResponse:
+def _act(request: HttpRequest, run: Run, act: Callable[[], Any],
+         done: str | Callable[[Any], str]) -> HttpResponse:
+    """Call ``act``; the page says ``done`` (or what ``done`` makes of what ``act`` returned),
+    or the service's refusal."""
     try:
-        act()
+        result = act()
     except services.ServiceError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, done)
+        messages.success(request, done if isinstance(done, str) else done(result))
+    return redirect("dashboard:run", code=run.code)
+
+
+def _invalid(request: HttpRequest, run: Run, why: str) -> HttpResponse:
+    """A form that does not say what the action needs: the run's page again, with why."""
+    messages.error(request, why)
     return redirect("dashboard:run", code=run.code)
 
 
@@ -149,13 +159,11 @@ def _decide(request: HttpRequest, code: uuid.UUID, decide: Callable[..., Run],
     run = _run_for(request, code, Ability.OPERATE)
     form = DecisionForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Choose an approval to decide.")
-        return redirect("dashboard:run", code=run.code)
+        return _invalid(request, run, "Choose an approval to decide.")
     try:
         approval = selectors.approval_get(run=run, pk=form.cleaned_data["approval"])
     except selectors.NotFound as exc:
-        messages.error(request, str(exc))
-        return redirect("dashboard:run", code=run.code)
+        return _invalid(request, run, str(exc))
 
     def act() -> None:
         # The approval the operator was shown, and no other: if it was decided meanwhile
@@ -208,12 +216,39 @@ def run_compensate(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+def run_terminate(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
+    """Stop the run now; its confirmation chose what then: unwind it, or hold it. A pending
+    run no worker took is settled at once, and the message says so."""
+    run = _run_for(request, code, Ability.OPERATE)
+    form = TerminateForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, run, "Choose what happens once the run stopped: unwind it, "
+                        "or hold it." if "then" in form.errors else
+                        "The reason is longer than 2000 characters.")
+    then = form.cleaned_data["then"]
+
+    def done(after: Run) -> str:
+        if after.status in (Run.Status.PENDING, Run.Status.RUNNING):  # a worker stops it
+            return ("Terminate requested: the worker stops the run at its next step, then "
+                    + ("unwinds it, newest step first." if then == "unwind" else
+                       "holds it for you."))
+        return ("Terminated before it started: nothing ran, nothing is undone." if
+                then == "unwind" else "Terminated before it started: it waits for you, "
+                "needing attention.")
+
+    return _act(request, run,
+                lambda: services.run_terminate(run=run, by=services.Actor(request.user),
+                                               then=then, reason=form.cleaned_data["reason"]),
+                done)
+
+
+@login_required
+@require_POST
 def run_resolve(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
     run = _run_for(request, code, Ability.OPERATE)
     form = ResolveForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Say what was done by hand: the note is required.")
-        return redirect("dashboard:run", code=run.code)
+        return _invalid(request, run, "Say what was done by hand: the note is required.")
     return _act(request, run,
                 lambda: services.run_resolve_by_hand(run=run, by=services.Actor(request.user),
                                                      note=form.cleaned_data["note"]),

@@ -40,14 +40,15 @@ GuardAction = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 
 def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *,
-                request: str = "", by: str = "") -> None:
+                request: str = "", by: str = "") -> bool:
     """Run ``action`` with the run's guard. ``request`` names an operator's request (made by
-    ``by``) that the guard may refuse under the lease: the refusal is audited."""
+    ``by``) that the guard may refuse under the lease: the refusal is audited. ``False`` when
+    another worker held the run and, with no ``task`` to retry, this backed off."""
     if not isinstance(run, Run):
         run = Run.objects.get(pk=run)
     if run.agent not in agent_names():
         _unknown_agent(run, request, by)
-        return
+        return True
     guard, graph, _ = guard_for(run.agent)
     try:
         action(guard, graph, config_for(run.thread_id), run)
@@ -58,7 +59,7 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
     except RunLocked as exc:
         if task is None:
             logger.info("run %s is held by another worker; backing off", run.code)
-            return
+            return False
         raise task.retry(exc=exc, **_ACTION_RETRY) from exc
     except InvalidRunState as exc:  # the run moved on since the request, or a duplicate
         logger.info("run %s: %s", run.code, exc)
@@ -74,6 +75,7 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
             raise
         logger.warning("run %s held for an operator: %s: %s", run.code, type(exc).__name__,
                        exc)
+    return True
 
 
 def _unknown_agent(run: Run, request: str, by: str) -> None:
@@ -126,7 +128,8 @@ def run_execute(run_pk: int) -> None:
 @shared_task(acks_late=True, bind=True, name=f"{NAMES}.run_request")
 def run_request(self: Task, run_pk: int, request_id: str) -> None:
     """Carry out the operator's request left on the run (``services._request``): approve or
-    reject (the service decided the approval), retry (from an earlier step too), compensate.
+    reject (the service decided the approval), retry (from an earlier step too), compensate,
+    terminate.
     The guard checks, under the
     run's lease, that it still fits the run. Once carried out or refused, the request is
     cleared, and a duplicate delivery finds nothing to do."""
@@ -152,11 +155,21 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
             guard.compensate(graph, config, by=by)
         elif action == Action.RETRY_COMPENSATION:
             guard.retry_compensation(graph, config, request["step_id"], by=by)
+        elif action == Action.TERMINATE:
+            # A worker running the run holds its lease (RunLocked: tried again later); it
+            # sees the request at its lease's next heartbeat and stops at the next step
+            # boundary. Taken here: a pending run, or one whose worker died.
+            guard.terminate(graph, config, then=request["then"], by=by,
+                            reason=request.get("reason", ""), request_id=request_id)
         else:
             raise InvalidRunState(f"unknown request {action!r}")
 
-    # A RunLocked retry raises out of here and leaves the request for the next attempt.
-    _with_guard(run, carry_out, self, request=action, by=by)
+    # A RunLocked retry raises out of here and leaves the request for the next attempt. Not
+    # a terminate's: the worker holding the run carries it out (or, should it die, recovery,
+    # or this again once the sweep finds the run abandoned), and it stays on the run for them.
+    if not _with_guard(run, carry_out, None if action == Action.TERMINATE else self,
+                       request=action, by=by):
+        return
     if Run.objects.filter(pk=run_pk, request__id=request_id).update(request=None,
                                                                     requested_at=None):
         # Live pages say the request is no longer waiting (and re-read the run).

@@ -14,9 +14,9 @@ EXPECTED = {
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "LeaseLost",
-    "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",
-    "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepKind",
-    "StepStatus", "SweepReport",
+    "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunTerminated",
+    "RunView", "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError",
+    "StepKind", "StepStatus", "StopRequest", "SweepReport",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 

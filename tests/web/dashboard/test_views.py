@@ -19,7 +19,7 @@ from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run,
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
 
 ACTION_URL = re.compile(r'action="/runs/[0-9a-f-]+/(approve|reject|retry|compensate|resolve|'
-                        r'compensations/\d+/retry)"')
+                        r'terminate|compensations/\d+/retry)"')
 
 
 def outside_details(html: str) -> str:
@@ -500,7 +500,7 @@ class ButtonTests(DashboardWorld):
         compensate = stuck[stuck.index('id="confirm-compensate"'):]
         compensate = compensate[:compensate.index("</dialog>")]
         # Newest step first; launch_instance's undo already succeeded, so it is not run again.
-        planned = re.findall(r"<li>undo <strong>(\w+)</strong>", compensate)
+        planned = re.findall(r"<li[^>]*>undo <strong>(\w+)</strong>", compensate)
         assert planned == ["attach_address", "create_group"]
         resolve = stuck[stuck.index('id="confirm-resolve"'):]
         assert "not the ones left failed: <strong>attach_address</strong>" in resolve
