@@ -10,6 +10,8 @@ Each rule takes the next requests whose request line starts with its prefix
 * ``fail``: answered with a 500 from "Stripe", not forwarded, ``times`` times (or always).
 * ``drop``: the connection is closed with no answer, not forwarded, ``times`` times (or
   always): Stripe out of reach, as the SDK sees it (``APIConnectionError``).
+* ``cut``: the request is forwarded (Stripe acts), and the connection closed instead of its
+  answer, ``times`` times (or always): the answer lost on the way back.
 
 Every other request is forwarded as it is. ``lift(rule)`` ends a rule (Stripe is back): the
 requests after it are forwarded.
@@ -33,7 +35,7 @@ FAILED = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json
 @dataclass
 class Rule:
     prefix: bytes
-    action: Literal["hold_answer", "hold_request", "fail", "drop"]
+    action: Literal["hold_answer", "hold_request", "fail", "drop", "cut"]
     times: int | None  # None: every matching request
     seen: int = 0
     reached: threading.Event = field(default_factory=threading.Event)
@@ -57,6 +59,9 @@ class StripeRelay(LossyRelay):
 
     def drop(self, prefix: bytes, times: int | None = None) -> Rule:
         return self._add(Rule(prefix, "drop", times))
+
+    def cut(self, prefix: bytes, times: int | None = None) -> Rule:
+        return self._add(Rule(prefix, "cut", times))
 
     def release(self) -> None:
         self.released.set()
@@ -103,6 +108,9 @@ class StripeRelay(LossyRelay):
                 with socket.create_connection(self.target) as upstream:
                     upstream.sendall(request)
                     answer = _read_message(upstream)
+                if rule is not None and rule.action == "cut":
+                    rule.reached.set()
+                    return  # Stripe acted; its answer is lost
                 if rule is not None:  # hold_answer
                     rule.reached.set()
                     self.released.wait()
