@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any, Literal, TypedDict
 
@@ -55,15 +55,28 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from pydantic import Field
 
-from agents.aws import RUN_TAG, aws_settings, client, error_code, tag_filters, tag_of, tags
+from agents.aws import (
+    AWS_STEP_RETRY,
+    RUN_TAG,
+    TOKEN_TAG,
+    aws_settings,
+    client,
+    error_code,
+    tag_filters,
+    tag_of,
+    tags,
+)
 from agents.registry import AgentInput, AgentSettings, AgentSpec, AwsSettings, register, run_id
 from stateguard import (
     Compensation,
     ConfigurationError,
     Effect,
+    EffectStatus,
     ExceptionContext,
+    Retriable,
     effect_key,
     record_effect,
+    step_effects,
 )
 
 NODES = ("create_group", "launch_instance", "attach_address", "create_record")
@@ -305,26 +318,34 @@ class Provisioner:
             for kind, value in records]})
 
     # -- compensations: each finds its resources by its run's tag, and removes those only --
-    def delete_record(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    # Each records what it finds before removing it (the step may have died before it did),
+    # then what it removed. An earlier attempt may have removed a part and lost AWS's answer:
+    # then nothing is found, and ``_removed_before`` records the removal of each part the
+    # ledger still has as applied that AWS no longer has, so the ledger says what AWS does.
+    def delete_record(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         zone_id = self._zone(create=False)
         fqdn = f"{state['name']}.{self.zone}."
-        if zone_id is None:
-            return False
-        address, owner = self._records(zone_id, fqdn)
-        if owner != _owner_text(ctx.run_id):
-            return False  # never made, removed already, or another run's
+        record = _record_id(fqdn, ctx.run_id)
+        address, owner = self._records(zone_id, fqdn) if zone_id else (None, None)
+        if zone_id is None or owner != _owner_text(ctx.run_id):
+            # Never made, removed already, or another run's: ours is not there.
+            return self._removed_before("dns_record", [], lambda _: True,
+                                        lambda r: Effect("route53", "deletion",
+                                                         f"{r} deleted", undoes=r)) or False
+        record_effect(Effect("route53", "dns_record", record, idempotency_key=effect_key()))
         # Route 53 deletes a record only if it is exactly as given: changed meanwhile, it
         # refuses, and the attempt is retried on what is there then.
         self._change(zone_id, "DELETE", fqdn, address, ctx.run_id)
-        record = _record_id(fqdn, ctx.run_id)
         record_effect(Effect("route53", "deletion", f"{record} deleted", undoes=record))
         return True
 
-    def release_address(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    def release_address(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         found = self.ec2.describe_addresses(Filters=tag_filters(
             run=ctx.run_id, name=state["name"]))["Addresses"]
         for address in found:
             allocation = address["AllocationId"]
+            record_effect(Effect("ec2", "elastic_ip", allocation,
+                                 idempotency_key=tag_of(address, TOKEN_TAG) or ""))
             if address.get("AssociationId"):
                 _unless_gone(self.ec2.disassociate_address, "InvalidAssociationID.NotFound",
                              AssociationId=address["AssociationId"])
@@ -332,31 +353,87 @@ class Provisioner:
                          AllocationId=allocation)
             record_effect(Effect("ec2", "release", f"{allocation} released",
                                  undoes=allocation))
-        return bool(found)
+        alive = [a["AllocationId"] for a in found]
+        return bool(found) or self._removed_before(
+            "elastic_ip", alive, lambda a: self._gone(
+                "InvalidAllocationID.NotFound", self.ec2.describe_addresses, AllocationIds=[a]),
+            lambda a: Effect("ec2", "release", f"{a} released", undoes=a)) or False
 
-    def terminate_instance(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
-        ids = [i["InstanceId"] for i in self._instances(tag_filters(run=ctx.run_id,
-                                                                    name=state["name"]))]
-        if not ids:
-            return False
-        self.ec2.terminate_instances(InstanceIds=ids)
+    def terminate_instance(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
+        found = self._instances(tag_filters(run=ctx.run_id, name=state["name"]))
+        ids = [i["InstanceId"] for i in found]
+        for instance in found:
+            record_effect(Effect("ec2", "instance", instance["InstanceId"],
+                                 idempotency_key=tag_of(instance, TOKEN_TAG) or ""))
+        if ids:
+            self.ec2.terminate_instances(InstanceIds=ids)
         for instance_id in ids:
             record_effect(Effect("ec2", "termination", f"{instance_id} terminated",
                                  undoes=instance_id))
+        before = self._removed_before(
+            "instance", ids, self._terminated,
+            lambda i: Effect("ec2", "termination", f"{i} terminated", undoes=i))
+        if not ids and not before:
+            return False
         # The group cannot be deleted while an instance in it is still shutting down.
-        self.ec2.get_waiter("instance_terminated").wait(InstanceIds=ids, WaiterConfig=WAIT)
-        return True
+        waiting = ids + [e.effect.undoes for e in step_effects()
+                         if e.effect.kind == "termination" and e.effect.undoes not in ids]
+        self.ec2.get_waiter("instance_terminated").wait(InstanceIds=waiting,
+                                                        WaiterConfig=WAIT)
+        return bool(ids) or before
 
-    def delete_group(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    def delete_group(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         groups = self.ec2.describe_security_groups(Filters=[
             {"Name": "group-name", "Values": [group_name(state["name"])]},
             *tag_filters(run=ctx.run_id)])["SecurityGroups"]
         for group in groups:
+            record_effect(Effect("ec2", "security_group", group["GroupId"],
+                                 idempotency_key=effect_key()))
             _unless_gone(self.ec2.delete_security_group, "InvalidGroup.NotFound",
                          GroupId=group["GroupId"])
             record_effect(Effect("ec2", "deletion", f"{group['GroupId']} deleted",
                                  undoes=group["GroupId"]))
-        return bool(groups)
+        alive = [g["GroupId"] for g in groups]
+        return bool(groups) or self._removed_before(
+            "security_group", alive, lambda g: self._gone(
+                "InvalidGroup.NotFound", self.ec2.describe_security_groups, GroupIds=[g]),
+            lambda g: Effect("ec2", "deletion", f"{g} deleted", undoes=g)) or False
+
+    @staticmethod
+    def _removed_before(kind: str, alive: list[str], gone: Callable[[str], bool],
+                        removal: Callable[[str], Effect]) -> str:
+        """Record the removal of each part of ``kind`` the step made that the ledger still has
+        as applied, that is not among ``alive`` (found and removed now) and that AWS no longer
+        has (``gone``): an earlier attempt removed it, and its answer was lost. What it found,
+        for the attempt's result ("" if nothing)."""
+        found = [r.effect.external_id for r in step_effects()
+                 if r.effect.kind == kind and r.status == EffectStatus.APPLIED
+                 and r.effect.external_id not in alive and gone(r.effect.external_id)]
+        for external_id in found:
+            record_effect(removal(external_id))
+        return (f"found {', '.join(found)} removed by an earlier attempt (its answer was "
+                "lost)") if found else ""
+
+    def _terminated(self, instance_id: str) -> bool:
+        """Whether the instance is shutting down or gone (its termination was asked for)."""
+        try:
+            reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except ClientError as exc:
+            if error_code(exc) == "InvalidInstanceID.NotFound":
+                return True
+            raise
+        return all(i["State"]["Name"] not in ALIVE for r in reservations for i in r["Instances"])
+
+    @staticmethod
+    def _gone(not_found: str, describe: Any, **ids: Any) -> bool:
+        """Whether ``describe(**ids)`` says the thing is not there (AWS's ``not_found``)."""
+        try:
+            describe(**ids)
+        except ClientError as exc:
+            if error_code(exc) == not_found:
+                return True
+            raise
+        return False
 
     def build(self) -> StateGraph[Any, Any, Any, Any]:
         builder: StateGraph[Any, Any, Any, Any] = StateGraph(ProvisionState)
@@ -414,6 +491,9 @@ def spec(settings: AgentSettings) -> AgentSpec:
     return AgentSpec(
         name="provision", build=agent.build, input_schema=ProvisionInput,
         invariants=(record_names_the_address,), on_error=provision_error_policy,
+        # A step whose AWS call failed without a verdict runs again: it finds what its earlier
+        # attempt made (by the step's token or its run's tag) before it makes anything.
+        kinds={node: Retriable(AWS_STEP_RETRY) for node in NODES},
         compensations={
             "create_group": Compensation(agent.delete_group, in_doubt_safe=True),
             "launch_instance": Compensation(agent.terminate_instance, in_doubt_safe=True),

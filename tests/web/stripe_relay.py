@@ -1,7 +1,8 @@
 """A TCP relay in front of localstripe that pins a worker at an exact point of a Stripe call.
 
 Each rule takes the next requests whose request line starts with its prefix
-(``b"POST /v1/payment_intents"``):
+(``b"POST /v1/payment_intents"``) and, if it says ``containing``, that contain those bytes (an
+AWS query's action: ``b"Action=TerminateInstances"``):
 
 * ``hold_answer``: the request reaches Stripe, which acts and answers; the answer is held (the
   worker waits for it) until ``release()``. ``hold.reached`` is set once Stripe has answered.
@@ -37,6 +38,7 @@ class Rule:
     prefix: bytes
     action: Literal["hold_answer", "hold_request", "fail", "drop", "cut"]
     times: int | None  # None: every matching request
+    containing: bytes = b""
     seen: int = 0
     reached: threading.Event = field(default_factory=threading.Event)
 
@@ -54,14 +56,14 @@ class StripeRelay(LossyRelay):
     def hold_request(self, prefix: bytes) -> Rule:
         return self._add(Rule(prefix, "hold_request", 1))
 
-    def fail(self, prefix: bytes, times: int | None = None) -> Rule:
-        return self._add(Rule(prefix, "fail", times))
+    def fail(self, prefix: bytes, times: int | None = None, *, containing: bytes = b"") -> Rule:
+        return self._add(Rule(prefix, "fail", times, containing))
 
-    def drop(self, prefix: bytes, times: int | None = None) -> Rule:
-        return self._add(Rule(prefix, "drop", times))
+    def drop(self, prefix: bytes, times: int | None = None, *, containing: bytes = b"") -> Rule:
+        return self._add(Rule(prefix, "drop", times, containing))
 
-    def cut(self, prefix: bytes, times: int | None = None) -> Rule:
-        return self._add(Rule(prefix, "cut", times))
+    def cut(self, prefix: bytes, times: int | None = None, *, containing: bytes = b"") -> Rule:
+        return self._add(Rule(prefix, "cut", times, containing))
 
     def release(self) -> None:
         self.released.set()
@@ -84,8 +86,8 @@ class StripeRelay(LossyRelay):
     def _take(self, request: bytes) -> Rule | None:
         with self.lock:
             for rule in self.rules:
-                if request.startswith(rule.prefix) and (rule.times is None
-                                                        or rule.seen < rule.times):
+                if request.startswith(rule.prefix) and rule.containing in request and (
+                        rule.times is None or rule.seen < rule.times):
                     rule.seen += 1
                     return rule
         return None
