@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         EffectStatus,
         effect_key,
         record_effect,
+        step_effects,
     )
     from stateguard.events import Event
     from stateguard.exceptions import (
@@ -107,6 +108,7 @@ _WHERE = {
     "UnwindReport": "stateguard.report",
     "effect_key": "stateguard.effects",
     "record_effect": "stateguard.effects",
+    "step_effects": "stateguard.effects",
     "tool_calls": "stateguard.tool_calls",
 }
 __all__ = [
@@ -153,6 +155,7 @@ __all__ = [
     "UnwindReport",
     "effect_key",
     "record_effect",
+    "step_effects",
     "tool_calls",
 ]
 

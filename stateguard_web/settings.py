@@ -465,6 +465,17 @@ if _stripe_live_key and not STRIPE_API_BASE.startswith("https://"):
         "go to Stripe over HTTPS only. Unset STRIPE_API_BASE (https://api.stripe.com) or use "
         "a test key (sk_test_...) with the local stand-in."
     )
+# How a Stripe call that did not get through (no answer, a timeout, a 5xx, a 409, a 429) is
+# tried again, by the agents and the web app: the SDK resends a read, and a write that carries
+# an idempotency key Stripe honours (a new customer), up to RETRIES times with backoff; a charge
+# or a refund is never resent blind: its node or compensation looks it up first, then tries
+# again (agents/stripe_support.py). 0: every call once, and an error holds the run at once
+# (the tests). TIMEOUT: seconds without a byte of Stripe's answer before the call gives up.
+STRIPE_MAX_NETWORK_RETRIES = env.int("STRIPE_MAX_NETWORK_RETRIES", default=2)
+STRIPE_TIMEOUT_SECONDS = _seconds("STRIPE_TIMEOUT_SECONDS", 30.0)
+if not 0 <= STRIPE_MAX_NETWORK_RETRIES <= 10 or STRIPE_TIMEOUT_SECONDS <= 0:
+    raise ImproperlyConfigured("STRIPE_MAX_NETWORK_RETRIES must be 0-10 and "
+                               "STRIPE_TIMEOUT_SECONDS above 0.")
 
 # AWS, for the agents that call it (provision, cleanup). Without keys, or with moto's dummy
 # "testing" ones, they talk to the local stand-in, moto's server (`make run` starts it on 8430);

@@ -51,6 +51,11 @@ os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)
 os.environ["EMAIL_URL"] = "smtp://127.0.0.1:25"
 os.environ["STATEGUARD_MAIL_DIR"] = ""
 
+# Every Stripe call once, unless a test asks for retries (tests/agents/test_stripe_retries.py):
+# a test that makes Stripe fail sees its failure at once, not after the SDK's and the steps'
+# retries (seconds of backoff each).
+os.environ["STRIPE_MAX_NETWORK_RETRIES"] = "0"
+
 # The dashboard asks every 2 s, not 15, whether a worker is alive: a browser test that stops the
 # last worker waits for the banner that long (workers say goodbye; nothing else is faster).
 os.environ["STATEGUARD_WORKERS_POLL_SECONDS"] = "2"

@@ -11,6 +11,7 @@ EXPECTED = {
     "ApprovalRejected", "ApprovalStatus", "Compensation", "CompensationFailed",
     "CompensationOutcome", "CompensationRetry", "CompensationStatus", "ConfigurationError",
     "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key", "record_effect",
+    "step_effects",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "LeaseLost",
