@@ -7,8 +7,8 @@ many got there in each part of a recent window (the sparkline). Read in two stat
 GROUP BY over the ``sagas_run_incidents`` partial index alone (index-only), whose columns a
 trigger keeps (migration 0022: ``Run.failed_node``, ``Run.error_type``, ``Run.incident_at``),
 with the window's counts as filtered aggregates of the same pass; then the newest run of each
-group shown, found by the same index (one row each). No run's steps or error are read but the
-newest's::
+group shown, found by the same index (its key and last time). No run's steps or error are read
+but the newest's::
 
     page = incidents.incident_groups(runs=access.visible_runs(user), window="24h")
     page.groups[0].filters  # {"status": "failed", "agent": "checkout", "step": ..., ...}
@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from functools import reduce
 from typing import Any
 
-from django.db.models import Count, Max, Min, Q, QuerySet, Subquery
+from django.db.models import Count, Max, Min, Q, QuerySet
 from django.db.models.fields.json import KT
 from django.utils import timezone
 
@@ -129,17 +129,19 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
 
 def _newest(incidents: QuerySet[Run], rows: list[dict[str, Any]]
             ) -> dict[tuple[Any, ...], tuple[Any, Any]]:
-    """The code and error message of each group's newest run, in one statement: each group's
-    newest found by the index backwards (one row, in a subquery of its own: the GROUP BY
-    would evaluate a subquery in its select list for every run, not every group)."""
+    """The code and error message of each group's newest run: the run of the group whose
+    ``incident_at`` is the group's last, each found by the whole key of the index (one
+    statement, an index probe per group). A subquery per group cost more to build than to
+    run; one in the GROUP BY's select list would run for every run, not every group."""
     if not rows:
         return {}
-    newest = [Q(pk=Subquery(incidents.filter(**dict(zip(_KEYS, _key(row), strict=True)))
-                            .order_by("-incident_at").values("pk")[:1]))
-              for row in rows]
-    found = incidents.filter(reduce(operator.or_, newest)).values(
-        *_KEYS, "code", message=KT("error__message"))
-    return {_key(run): (run["code"], run["message"]) for run in found}
+    exact = [Q(**dict(zip(_KEYS, _key(row), strict=True)), incident_at=row["last_seen"])
+             for row in rows]
+    found: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+    for run in (incidents.filter(reduce(operator.or_, exact)).order_by()
+                .values(*_KEYS, "code", message=KT("error__message"))):
+        found.setdefault(_key(run), (run["code"], run["message"]))
+    return found
 
 
 def _group(row: dict[str, Any], newest: tuple[Any, Any], parts: int) -> IncidentGroup:

@@ -120,6 +120,12 @@ class Run(models.Model):
             models.Index(fields=["agent", "failed_node", "error_type", "status", "incident_at"],
                          name="sagas_run_incidents",
                          condition=Q(status__in=sorted(s.value for s in lifecycle.ATTENTION))),
+            # The runs list narrowed to where runs last failed, in any status since (its counts
+            # per status): the runs that ever failed only. The same columns as the one above,
+            # so that the planner, which cannot tell how many runs a group has, finds a run by
+            # its whole key in either.
+            models.Index(fields=["agent", "failed_node", "error_type", "status", "incident_at"],
+                         name="sagas_run_failed_at", condition=Q(failed_node__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).

@@ -15,7 +15,10 @@ for the reasons of migration 0012; on PostgreSQL the WHEN clauses keep the funct
 other update (lease renewals, steps), and a write of the columns themselves (a stale object's
 ``save()``) is put back.
 
-Runs that are incidents already get theirs from their steps and error now.
+Runs that are incidents already get theirs from their steps and error now. Two partial indexes:
+``sagas_run_incidents`` (the runs that are incidents now: the Incidents page's GROUP BY, alone),
+``sagas_run_failed_at`` (the runs that ever were: the runs list narrowed to a step and error
+type, whatever their status since).
 
 SQLite (the embedded default) gets the same rule from AFTER triggers that update the row again,
 without putting back a writer's own values of the columns (nothing but the triggers writes
@@ -145,4 +148,10 @@ class Migration(migrations.Migration):
                 condition=models.Q(("status__in", ["failed", "needs_attention"])),
                 fields=["agent", "failed_node", "error_type", "status", "incident_at"],
                 name="sagas_run_incidents")),
+        migrations.AddIndex(
+            model_name="run",
+            index=models.Index(
+                condition=models.Q(("failed_node__isnull", False)),
+                fields=["agent", "failed_node", "error_type", "status", "incident_at"],
+                name="sagas_run_failed_at")),
     ]
