@@ -1,7 +1,7 @@
 """The Incidents page (issue 23, section 2) on 100 000 runs and 2 000 000 steps.
 
     .venv/bin/python bench/cockpit_incidents.py [--runs 100000] [--steps 20] [--incidents 0.1]
-                                                [--rounds 5] [--requests 20]
+                                                [--rounds 5] [--requests 20] [--no-load]
 
 A database of ``--runs`` runs over the last 30 days, each with ``--steps`` steps, of which a
 share ``--incidents`` failed or need attention (an outage's worth: 10 %), spread over some thirty
@@ -25,6 +25,9 @@ p50/p95 of wall time and of this process's CPU per request, queries per request,
 of every query of each view (EXPLAIN (ANALYZE, BUFFERS)), written to a file; the ``sagas_``
 tables a view's plans read by a sequential scan are named. The runs list as it was before
 (``/``, P5's) is measured beside them, for scale.
+
+Last, what the trigger costs a write: an UPDATE of ``--trigger-runs`` runs' statuses with it and
+with it disabled, interleaved (per run: the row trigger's work, no round trips).
 
 Uses its own database ``stateguard_cockpit_incidents`` (dropped and created) and Redis database
 6. Results: docs/benchmarks.md ("Incidents").
@@ -175,6 +178,35 @@ def load(runs: int, steps: int, share: float) -> dict[str, float]:
     return took
 
 
+def trigger_cost(n: int, rounds: int = 5) -> dict[str, tuple[float, float]]:
+    """µs per run of an UPDATE of ``n`` runs' statuses (one statement: the row trigger's work,
+    no round trips), with migration 0022's trigger and with it disabled, interleaved, best of
+    ``rounds``: a status change no incident cares about (succeeded -> running, the WHEN clause
+    alone), and runs that fail (running -> failed: the function and its step lookup)."""
+    import psycopg
+
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}",
+                         autocommit=True) as db:
+        ids = [r[0] for r in db.execute(
+            "SELECT id FROM sagas_run WHERE status = 'succeeded' ORDER BY id LIMIT %s", [n])]
+        times: dict[str, dict[bool, list[float]]] = {"other": {True: [], False: []},
+                                                     "fails": {True: [], False: []}}
+        update = "UPDATE sagas_run SET status = %s, updated_at = now() WHERE id = ANY(%s)"
+        for _ in range(rounds):
+            for on in (True, False):
+                db.execute("ALTER TABLE sagas_run " + ("ENABLE" if on else "DISABLE")
+                           + " TRIGGER sagas_run_incident_update")
+                for kind, status in (("other", "running"), ("fails", "failed")):
+                    db.execute(update, ["running", ids])  # from running, as a worker's write
+                    t = time.perf_counter()
+                    db.execute(update, [status, ids])
+                    times[kind][on].append((time.perf_counter() - t) / len(ids) * 1e6)
+                    db.execute(update, ["succeeded", ids])
+        db.execute("ALTER TABLE sagas_run ENABLE TRIGGER sagas_run_incident_update")
+        db.execute("VACUUM ANALYZE sagas_run")  # as loaded, for a run with --no-load
+    return {kind: (min(t[True]), min(t[False])) for kind, t in times.items()}
+
+
 def views(largest: dict[str, str], batchable: dict[str, str]) -> dict[str, str]:
     return {
         "floor (trivial view)": "/bench/floor",
@@ -241,11 +273,16 @@ def main() -> None:
                         help="share of the runs that failed or need attention")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20, help="per view and round")
+    parser.add_argument("--trigger-runs", type=int, default=5000,
+                        help="runs whose statuses are updated to time the trigger")
     parser.add_argument("--plans", type=Path,
                         default=ROOT / "var" / "bench" / "cockpit_incidents-plans.txt")
+    parser.add_argument("--no-load", action="store_true",
+                        help="measure the database the last run loaded, as it is")
     args = parser.parse_args()
 
-    databases.recreate(DB_NAME)
+    if not args.no_load:
+        databases.recreate(DB_NAME)
     import django
 
     django.setup()
@@ -256,9 +293,13 @@ def main() -> None:
     from stateguard_web.runs import incidents
     from stateguard_web.sagas.models import Run, Step
 
-    took = load(args.runs, args.steps, args.incidents)
-    user = get_user_model().objects.create_user("olivia")
-    accounts.role_grant(user=user, role="operator")
+    if args.no_load:
+        took: dict[str, float] = {}
+        user = get_user_model().objects.get(username="olivia")
+    else:
+        took = load(args.runs, args.steps, args.incidents)
+        user = get_user_model().objects.create_user("olivia")
+        accounts.role_grant(user=user, role="operator")
     page = incidents.incident_groups(runs=Run.objects.all(), window="30d")
     largest = page.groups[0].filters
     batchable = next(g.filters for g in page.groups
@@ -279,6 +320,11 @@ def main() -> None:
               f"{r['cpu50']:8.1f} {r['queries']:7d} {r['db_ms']:6.1f}  "
               f"{'seq scan: ' + ', '.join(sorted(r['seq'])) if r['seq'] else 'indexes'}")
     print(f"\nplans: {args.plans}")
+    cost = trigger_cost(args.trigger_runs)
+    print(f"\nstatus UPDATEs of {args.trigger_runs} runs, us per run (best of 5), trigger on / "
+          f"off: a status no incident cares about {cost['other'][0]:.1f} / "
+          f"{cost['other'][1]:.1f}; runs that fail {cost['fails'][0]:.1f} / "
+          f"{cost['fails'][1]:.1f}")
 
 
 if __name__ == "__main__":
