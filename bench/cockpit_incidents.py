@@ -160,13 +160,20 @@ def load(runs: int, steps: int, share: float) -> dict[str, float]:
                                            'it broke, run ' || id, 'traceback', ''),
                 updated_at = created_at + interval '61 seconds'
             WHERE status = 'running'""",
-        # the navigation counts the pending approvals: one per paused run, as in P5's list
+        # the navigation counts the pending approvals: one per paused run, as P5's list has
         "approvals": """
             INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by,
                 reason, requested_at)
             SELECT id, 'charge:' || code, 'charge_user', '{"amount": 25000}', 'pending', '', '',
                    updated_at
             FROM sagas_run WHERE status = 'paused'""",
+        # and the decided ones of the past, which the count must not read (P5's, likewise)
+        "decided approvals": """
+            INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by,
+                reason, requested_at, decided_at)
+            SELECT id, 'charge:' || code, 'charge_user', '{"amount": 25000}', 'approved', 'op',
+                   '', created_at, updated_at
+            FROM sagas_run WHERE status = 'succeeded' AND agent = 'checkout'""",
         "vacuum analyze": "VACUUM ANALYZE",
     }
     with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}",
