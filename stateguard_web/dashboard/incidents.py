@@ -81,9 +81,9 @@ def _batches(group: incidents.IncidentGroup) -> list[BatchLink]:
     """The batch actions that fit the group's status, each a link to the confirmation of a
     batch over the group's filter (``batches.batch_new``, which counts the runs anew)."""
     runs = f"{group.count} run{'s' if group.count != 1 else ''}"
-    return [BatchLink(action, f"{VERB[action]} {runs}…", reverse("dashboard:batch_new") + "?"
-                      + urlencode({"action": action.value, "scope": "filter",
-                                   **group.filters}))
+    confirm = reverse("dashboard:batch_new")
+    return [BatchLink(action, f"{VERB[action]} {runs}…", confirm + "?" + urlencode(
+                {"action": action.value, "scope": "filter", **group.filters}))
             for action in ORDER if lifecycle.refusal(CHECKS[action], group.status) is None]
 
 
@@ -93,12 +93,11 @@ def _said(group: incidents.IncidentGroup) -> str:
     return said.removeprefix(f"{group.error_type}: ") if group.error_type else said
 
 
-def _view(group: incidents.IncidentGroup, page: incidents.IncidentPage, operate: bool
-          ) -> GroupView:
+def _view(group: incidents.IncidentGroup, page: incidents.IncidentPage, runs_url: str,
+          operate: bool) -> GroupView:
     return GroupView(
         group, failure_words(group.filters["step"], ""),
-        reverse("dashboard:runs") + "?" + urlencode(group.filters),
-        _said(group),
+        runs_url + "?" + urlencode(group.filters), _said(group),
         sparkline.render(group.bars, start=page.start, width=page.bar_width,
                          what="runs got here"),
         _batches(group) if operate else [])
@@ -116,9 +115,17 @@ def incident_list(request: HttpRequest) -> HttpResponse:
     agents = runtime.agent_names()
     if filters["agent"] and filters["agent"] not in agents:
         agents = [*agents, filters["agent"]]
+    choices = {name: getattr(form.fields[name], "choices", []) for name in form.fields}
     return render(request, "dashboard/incidents.html", {
-        "form": form, "filters": filters, "page": page, "agents": agents,
-        "groups": [_view(group, page, operate) for group in page.groups],
+        "form": form, "filters": filters, "page": page,
+        # The filter form's selects: name, label, choices, the value chosen.
+        "selects": [("window", "Bars over the", choices["window"], filters["window"]),
+                    ("status", "Status", choices["status"], filters["status"]),
+                    ("agent", "Agent", [("", "every agent"), *((a, a) for a in agents)],
+                     filters["agent"]),
+                    ("sort", "Order", choices["sort"], filters["sort"])],
+        "groups": [_view(group, page, reverse("dashboard:runs"), operate)
+                   for group in page.groups],
         "window_words": WINDOW_WORDS[filters["window"]],
         "filtered": bool(filters["agent"] or filters["status"]),
     })
