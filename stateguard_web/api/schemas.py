@@ -66,6 +66,8 @@ Reason = _text(MAX_TEXT)
 Note = _text(MAX_TEXT, 1)
 Search = _text(200, 1)
 StepName = _text(300, 1)  # a step's id, or a node's name
+NodeName = _text(200, 1)  # Run.failed_node's length
+ErrorType = _text(200, 1)  # Run.error_type's length
 # What services.run_submit accepts as a key: 1 to 200 printable characters.
 IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200),
                            AfterValidator(_printable)]
@@ -178,6 +180,12 @@ class RunFilters(Schema):
                                                   "input (case-insensitive)")
     created_after: Time | None = Field(None, description="ISO 8601; UTC if no offset")
     created_before: Time | None = None
+    step: NodeName | None = Field(None, description="where the run last failed (its step's "
+                                                    "node), as GET /api/incidents groups "
+                                                    "runs; - for none on record")
+    error_type: ErrorType | None = Field(None, description="the type of the run's error when "
+                                                           "it last failed "
+                                                           "(APIConnectionError); - for none")
 
 
 class RunFilter(RunFilters):
@@ -436,3 +444,43 @@ class BatchPreviewOut(Out):
     statuses: dict[str, int] = Field(description="how many runs of each status")
     runs: list[uuid.UUID] = Field(description="the runs, in order: POST them as runs to act "
                                               "on exactly these")
+
+
+class IncidentFilter(Schema):
+    """GET /api/incidents's query."""
+
+    window: Literal["24h", "7d", "30d"] = Field(
+        "24h", description="the span the bars cover: 24 bars of an hour, 28 of 6 hours, or "
+                           "30 of a day")
+    status: Literal["failed", "needs_attention"] | None = Field(
+        None, description="one of the two; both if absent")
+    agent: AgentName | None = None
+    sort: Literal["count", "recent"] = Field(
+        "count", description="the largest groups first, or those with the latest run first")
+    limit: int = Field(100, ge=1, le=100)
+
+
+class IncidentOut(Out):
+    agent: str
+    step: str = Field(description="the step (node) its runs failed at; \"\" if none on record")
+    error_type: str = Field(description="their error's type; \"\" if none on record")
+    status: RunStatus
+    count: int = Field(description="its runs, however long ago they got there")
+    first_seen: datetime = Field(description="when the first of them got there")
+    last_seen: datetime = Field(description="when the latest of them got there")
+    sample_message: str = Field(description="the latest one's error message")
+    sample_run: uuid.UUID | None = Field(description="the latest one (null if it moved on "
+                                                     "while it was read)")
+    bars: list[int] = Field(description="runs that got there in each part of the window, "
+                                        "oldest first (the sparkline)")
+    filter: dict[str, str] = Field(description="GET /api/runs's filters for exactly its runs; "
+                                               "a batch's filter too")
+
+
+class IncidentListOut(Out):
+    window: str
+    start: datetime = Field(description="the window's start: bars[0] begins here")
+    end: datetime
+    bar_seconds: int = Field(description="each bar's span")
+    more: bool = Field(description="more groups than limit")
+    items: list[IncidentOut]

@@ -30,6 +30,10 @@ class RunFilterForm(forms.Form):
                             widget=forms.DateInput(attrs={"type": "date"}))
     before = forms.DateField(required=False, label="to (inclusive)",
                              widget=forms.DateInput(attrs={"type": "date"}))
+    # Where the run last failed and with what: an Incidents group's runs (incidents.py). Set
+    # by the group's link, shown as what the list is narrowed to, kept by the filter form.
+    step = forms.CharField(required=False, max_length=200, label="Failed at")
+    error_type = forms.CharField(required=False, max_length=200, label="Error type")
     # The browser's time zone (the page's script fills it in), for the days of a custom range.
     tz = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
     page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000,
@@ -50,6 +54,7 @@ class RunFilterForm(forms.Form):
                 before = _start_of(data["before"] + timedelta(days=1), zone)
         return {"status": data.get("status") or "", "agent": data.get("agent") or "",
                 "q": data.get("q") or "", "created_after": after, "created_before": before,
+                "step": data.get("step") or "", "error_type": data.get("error_type") or "",
                 "page": data.get("page") or 1}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from stateguard_web.dashboard import batches, outbox, refunds, rewinds, views
+from stateguard_web.dashboard import batches, incidents, outbox, refunds, rewinds, views
 
 app_name = "dashboard"
 
@@ -24,6 +24,7 @@ urlpatterns = [
     path("batches/", batches.batch_create, name="batch_create"),
     path("batches/<uuid:code>/", batches.batch_detail, name="batch"),
     path("batches/<uuid:code>/cancel", batches.batch_cancel, name="batch_cancel"),
+    path("incidents/", incidents.incident_list, name="incidents"),
     path("inbox/approvals/", views.inbox_approvals, name="inbox_approvals"),
     path("inbox/attention/", views.inbox_attention, name="inbox_attention"),
     path("inbox/counts", views.inbox_counts, name="inbox_counts"),

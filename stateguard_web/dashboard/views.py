@@ -35,6 +35,7 @@ from stateguard_web.dashboard.forms import (
     RunFilterForm,
     TerminateForm,
 )
+from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.runs import runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
 
@@ -78,10 +79,16 @@ def run_list(request: HttpRequest) -> HttpResponse:
     query.pop("page", None)
     chip_query = query.copy()
     chip_query.pop("status", None)
+    unnarrowed = query.copy()  # the list less an Incidents group's step and error type
+    for name in ("step", "error_type"):
+        unnarrowed.pop(name, None)
     return render(request, "dashboard/runs.html", {
         "form": form, "page": page, "agents": agents, "filters": filters,
         "query": query.urlencode(), "chip_query": chip_query.urlencode(),
-        "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before")),
+        "narrowed": failure_words(filters["step"], filters["error_type"]),
+        "unnarrowed": unnarrowed.urlencode(),
+        "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before",
+                                             "step", "error_type")),
         # Batches (dashboard/batches.py): tick runs, or take every run of this filter.
         "can_operate": access.may(request.user, Ability.OPERATE),
         "filter_params": [(k, v) for k, v in query.items()],

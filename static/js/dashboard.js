@@ -430,6 +430,10 @@
 
     if (body.dataset.live === "list") {
       new LiveSocket("/ws/runs/", function () { schedule(300); }, function () { schedule(0); });
+    } else if (body.dataset.live === "incidents") {
+      // Groups move with every run that fails or is retried: re-read at most every 2 s.
+      new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },
+                     function () { schedule(0); });
     } else if (body.dataset.live === "run" && body.dataset.run) {
       new LiveSocket("/ws/runs/" + body.dataset.run + "/", function () { schedule(120); },
                      function () { schedule(0); });

@@ -33,6 +33,17 @@ key = accounts.api_key_authenticate(accounts.api_key_create(user=user, name="lit
 detail = selectors.run_detail(run=selectors.run_get(code=bad.code, detail=True))
 print(json.dumps([access.may(key.user, access.Ability.OPERATE), len(detail["steps"]),
                   len(detail["compensations"][0]["attempts"]), len(detail["audit"])]))
+# Incidents: migration 0022's triggers on SQLite, and the page's grouped reads.
+from django.utils import timezone
+from stateguard_web.runs import incidents
+from stateguard_web.sagas.models import Step
+held = Run.objects.create(agent="checkout", status="running")
+Step.objects.create(run=held, step_id="s1", node="charge_user", status="failed",
+                    started_at=timezone.now(), finished_at=timezone.now())
+Run.objects.filter(pk=held.pk).update(status="failed", updated_at=timezone.now(),
+                                      error={"type": "APIConnectionError", "message": "down"})
+print(json.dumps([[g.step, g.error_type, g.status, g.count, g.sample, g.recent]
+                  for g in incidents.incident_groups(runs=Run.objects.all()).groups]))
 # Leases judged by SQLite's clock: the sweep hands over the run whose lease ran out, and
 # another owner may take that one, not the one whose lease runs.
 import time
@@ -53,7 +64,8 @@ def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, sqlite_url: str,
     env = {"DATABASE_URL": sqlite_url, "STATEGUARD_SANDBOX_DIR": str(tmp_path / "sandbox")}
     result = manage_py("shell", "-c", SCRIPT, env=env)
     assert result.returncode == 0, result.stderr
-    *_, journal, api, leases = result.stdout.strip().splitlines()
+    *_, journal, api, found, leases = result.stdout.strip().splitlines()
+    assert json.loads(found) == [["charge_user", "APIConnectionError", "failed", 1, "down", 1]]
     assert json.loads(api)[:3] == [True, 4, 1] and json.loads(api)[3] >= 1
     assert json.loads(leases) == [1, True, False]
     assert json.loads(journal) == {
