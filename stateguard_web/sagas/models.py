@@ -77,6 +77,9 @@ class Run(models.Model):
     # after (migration 0012): GET /metrics counts each run once, with a duration that stays.
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     finished_status = models.CharField(max_length=20, blank=True, default="", editable=False)
+    # When retention (runs/retention.py) deleted the run's steps, compensations, approvals and
+    # checkpoints and kept this thin row for its effects (the ledger) and its audit trail.
+    purged_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -103,6 +106,14 @@ class Run(models.Model):
             # GET /metrics: runs that finished since the last scrape (monitoring/journal_metrics.py)
             models.Index(fields=["finished_at"], name="sagas_run_finished",
                          condition=Q(finished_at__isnull=False)),
+            # Retention: the finished runs of a status not purged yet, oldest first. Partial, so
+            # the thin rows it keeps for the ledger (years of them) are not read again and
+            # again; created_at never changes and purged_at once, so lease writes stay HOT.
+            models.Index(fields=["status", "created_at"], name="sagas_run_retention",
+                         condition=Q(purged_at__isnull=True)),
+            # Retention of the ledger: the thin rows, oldest first.
+            models.Index(fields=["created_at"], name="sagas_run_purged",
+                         condition=Q(purged_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).
