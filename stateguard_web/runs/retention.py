@@ -56,6 +56,7 @@ from stateguard_web.runs.runtime import saver
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,
+    BatchItem,
     Compensation,
     CompensationAttempt,
     Effect,
@@ -70,7 +71,7 @@ logger = logging.getLogger("stateguard.retention")
 PURGEABLE = (Run.Status.SUCCEEDED, Run.Status.COMPENSATED, Run.Status.FAILED)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdwy])\s*$")
-# What a purge deletes, child tables first, with the path from each to its run.
+# What a purge deletes, child tables first, by run id: (model, column, its run id's path).
 _DEBUG_TABLES: tuple[tuple[type[Any], str], ...] = (
     (CompensationAttempt, "compensation__run_id__in"),
     (Compensation, "run_id__in"),
@@ -78,6 +79,11 @@ _DEBUG_TABLES: tuple[tuple[type[Any], str], ...] = (
     (Approval, "run_id__in"),
     (Notification, "run_id__in"),
 )
+# Every model with a foreign key to Run, and what a purge does to its rows (a test checks that
+# the list is whole: a new one would make the run's DELETE fail, not lose rows quietly).
+RUN_REFERENCES = {Step: "delete", Compensation: "delete", Approval: "delete",
+                  Notification: "delete", Effect: "ledger", AuditEvent: "keep",
+                  BatchItem: "keep"}
 CHECKPOINT_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
 
 
@@ -180,6 +186,32 @@ def _prune_checkpoints(codes: list[str]) -> None:
             checkpoints.delete_thread(code)
 
 
+def _by_run(sql: str, ids: list[int]) -> None:
+    """``sql`` with ``{ids}`` standing for the batch's run ids (PostgreSQL and SQLite alike)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.format(ids=", ".join(["%s"] * len(ids))), ids)
+
+
+def _delete_debugging_data(ids: list[int]) -> None:
+    """Plain DELETEs by run id, children first. Not ``QuerySet.delete()``: Django's collector
+    loads every step and compensation (their JSON too) to follow their cascades, which made a
+    batch of 500 runs take 2 s of this process's CPU instead of a tenth of that
+    (docs/benchmarks.md, Retention)."""
+    _by_run("DELETE FROM sagas_compensationattempt WHERE compensation_id IN "
+            "(SELECT id FROM sagas_compensation WHERE run_id IN ({ids}))", ids)
+    for table in ("sagas_compensation", "sagas_step", "sagas_approval", "sagas_notification"):
+        _by_run(f"DELETE FROM {table} WHERE run_id IN ({{ids}})", ids)
+
+
+def _delete_runs(ids: list[int]) -> None:
+    """The runs, and their effects (the ledger's time has come, or they have none). Their
+    audit events and batch items stay, with ``run`` NULL (their ``run_code`` says which)."""
+    _by_run("DELETE FROM sagas_effect WHERE run_id IN ({ids})", ids)
+    _by_run("UPDATE sagas_auditevent SET run_id = NULL WHERE run_id IN ({ids})", ids)
+    _by_run("UPDATE sagas_batchitem SET run_id = NULL WHERE run_id IN ({ids})", ids)
+    _by_run("DELETE FROM sagas_run WHERE id IN ({ids})", ids)
+
+
 def _purge_batch(policy: Policy, status: str | None, now: datetime, actor: str) -> Outcome:
     """One transaction: lock up to ``policy.batch`` due runs (skipping locked ones), purge them.
     ``status`` None: the ledger's pass over thin rows."""
@@ -197,19 +229,14 @@ def _purge_batch(policy: Policy, status: str | None, now: datetime, actor: str) 
         fresh = [row for row in rows if row[4] is None]  # not thinned before
         if fresh:
             _prune_checkpoints([str(row[1]) for row in fresh])
-            fresh_ids = [row[0] for row in fresh]
-            for model, path in _DEBUG_TABLES:
-                model.objects.filter(**{path: fresh_ids}).delete()
+            _delete_debugging_data([row[0] for row in fresh])
         whole = [row for row in rows if not row[5]
                  or (ledger_cutoff is not None and row[3] < ledger_cutoff)]
         thin = [row[0] for row in rows if row not in whole]
         if thin:
             Run.objects.filter(pk__in=thin).update(purged_at=now)
         if whole:
-            whole_ids = [row[0] for row in whole]
-            Effect.objects.filter(run_id__in=whole_ids).delete()
-            # Audit events and batch items keep the run's code; their FK is set to NULL.
-            Run.objects.filter(pk__in=whole_ids).delete()
+            _delete_runs([row[0] for row in whole])
         outcome.by_status.update(str(row[2]) for row in rows)
         outcome.deleted, outcome.thinned, outcome.batches = len(whole), len(thin), 1
         outcome.oldest = min(row[3] for row in rows)

@@ -237,3 +237,11 @@ def test_durations() -> None:
     assert parse(" 7y") == timedelta(days=7 * 365)
     assert parse("12h") == timedelta(hours=12)
     assert operator.lt(parse("59m"), parse("1h"))
+
+
+def test_every_reference_to_a_run_is_purged_or_kept_on_purpose() -> None:
+    """A new model pointing at Run must be given its place in the purge (runs/retention.py
+    deletes by table): else deleting a run would fail on its foreign key."""
+    referencing = {f.related_model for f in Run._meta.get_fields(include_hidden=True)
+                   if f.auto_created and not f.concrete}
+    assert referencing == set(retention.RUN_REFERENCES), referencing
