@@ -58,7 +58,8 @@ SELECT r.id, 't' || s, 'node' || s, '[]', 'succeeded', 1, r.created_at, r.create
 FROM sagas_run AS r, generate_series(1, 4) AS s WHERE r.agent = 'bulk';
 INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by, reason,
                             requested_at, decided_at)
-SELECT id, 't2', 'node2', '{}', 'approved', 'alice', '', created_at, created_at FROM sagas_run WHERE agent = 'bulk';
+SELECT id, 't2', 'node2', '{}', 'approved', 'alice', '', created_at, created_at
+FROM sagas_run WHERE agent = 'bulk';
 INSERT INTO sagas_effect (run_id, step_id, node, provider, kind, external_id, amount, currency,
                           idempotency_key, undoes, status, recorded_at)
 SELECT id, 't2', 'node2', 'stripe', 'charge', 'ch_' || code, 4200, 'usd', '', '',
@@ -94,6 +95,7 @@ def sizes(cursor: Any, vacuum: bool) -> dict[str, int]:
 
 def checkout_bytes(runs: int, policy: Any) -> None:
     from django.db import connection
+    from django.db.models import Count
 
     from stateguard_web.runs import retention, services, tasks
     from stateguard_web.sagas.models import Run
@@ -104,8 +106,8 @@ def checkout_bytes(runs: int, policy: Any) -> None:
         run = services.run_submit(agent="checkout", input={
             "email": f"u{i}@b.co", "amount": 42_00, "fail_booking": rng.random() < 0.25})
         tasks.run_execute(run.pk)
-    print(f"{runs} checkout runs in {time.perf_counter() - started:.0f} s: "
-          f"{dict(Run.objects.values_list('status').annotate(n=__import__('django').db.models.Count('pk')))}")
+    statuses = dict(Run.objects.values_list("status").annotate(n=Count("pk")))
+    print(f"{runs} checkout runs in {time.perf_counter() - started:.0f} s: {statuses}")
     Run.objects.update(updated_at=time_ago(31))
     with connection.cursor() as cursor:
         before = sizes(cursor, vacuum=True)
