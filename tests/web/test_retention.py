@@ -9,6 +9,9 @@ from datetime import timedelta
 from io import StringIO
 from typing import Any, TypedDict
 
+import psycopg
+import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import TestCase, override_settings
@@ -19,6 +22,7 @@ from langgraph.graph import END, START, StateGraph
 from stateguard_web.runs import retention
 from stateguard_web.runs.retention_checks import check_retention
 from stateguard_web.runs.runtime import checkpoint_pool
+from stateguard_web.sagas.journal import pg
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,
@@ -245,3 +249,19 @@ def test_every_reference_to_a_run_is_purged_or_kept_on_purpose() -> None:
     referencing = {f.related_model for f in Run._meta.get_fields(include_hidden=True)
                    if f.auto_created and not f.concrete}
     assert referencing == set(retention.RUN_REFERENCES), referencing
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(STATEGUARD_RETENTION=POLICY, STATEGUARD_RETENTION_LEDGER="")
+def test_it_skips_a_run_another_transaction_holds() -> None:
+    """A run an operator or worker holds locked is left for the next batch, not waited for."""
+    held, free = (Run.objects.create(agent="checkout", status="succeeded") for _ in range(2))
+    Run.objects.update(updated_at=timezone.now() - OLD)
+    with psycopg.connect(pg.conninfo(settings.DATABASES["default"])) as other:
+        other.execute("SELECT 1 FROM sagas_run WHERE id = %s FOR UPDATE", [held.pk])
+        with connection.cursor() as cursor:  # waiting for the lock would fail, not hang
+            cursor.execute("SET lock_timeout = '2s'")
+        outcome = retention.purge_runs()
+        assert outcome.runs == 1 and not Run.objects.filter(pk=free.pk).exists()
+    assert retention.purge_runs().runs == 1  # the lock is gone: purged now
+    assert not Run.objects.exists()
