@@ -19,9 +19,10 @@ from django.utils import timezone
 from langgraph.checkpoint.postgres import PostgresSaver
 from langgraph.graph import END, START, StateGraph
 
-from stateguard_web.runs import retention
+from stateguard_web.runs import retention, services, tasks
 from stateguard_web.runs.retention_checks import check_retention
 from stateguard_web.runs.runtime import checkpoint_pool
+from stateguard_web.runs.services import ActionNotAllowed
 from stateguard_web.sagas.journal import pg
 from stateguard_web.sagas.models import (
     Approval,
@@ -196,6 +197,21 @@ class RetentionTests(TestCase):
         self.assertEqual(checkpoint_rows(other), counts[2])
         for code in (str(recent.code), other):  # the saver's own connection: clean up
             PostgresSaver(checkpoint_pool()).delete_thread(code)
+
+    def test_an_operator_cannot_unwind_a_purged_run(self) -> None:
+        """Its steps are gone: an unwind would find nothing to undo and leave the charge out."""
+        run = self.make_run("succeeded", effect="applied")
+        retention.purge_runs()
+        with self.assertRaisesMessage(ActionNotAllowed, "was purged on"):
+            services.run_compensate(run=run, by="carol")
+        self.assertIsNone(Run.objects.get(pk=run.pk).request)
+
+    def test_the_beat_task_purges_and_does_nothing_without_a_policy(self) -> None:
+        self.make_run("succeeded")
+        with override_settings(STATEGUARD_RETENTION={}):
+            self.assertEqual(tasks.purge_runs(), 0)
+        self.assertEqual(tasks.purge_runs(), 1)
+        self.assertFalse(Run.objects.exists())
 
     def test_the_command_refuses_a_bad_batch(self) -> None:
         with self.assertRaises(CommandError):
