@@ -281,3 +281,16 @@ def test_it_skips_a_run_another_transaction_holds() -> None:
         assert outcome.runs == 1 and not Run.objects.filter(pk=free.pk).exists()
     assert retention.purge_runs().runs == 1  # the lock is gone: purged now
     assert not Run.objects.exists()
+
+
+@pytest.mark.django_db
+@override_settings(STATEGUARD_RETENTION=POLICY, STATEGUARD_RETENTION_LEDGER="")
+def test_the_run_page_says_a_run_was_purged(admin_client: Any) -> None:
+    run = Run.objects.create(agent="checkout", status="succeeded")
+    Effect.objects.create(run=run, step_id="t2", node="n2", provider="stripe", kind="charge",
+                          external_id="ch_1", recorded_at=timezone.now())
+    Run.objects.update(updated_at=timezone.now() - OLD)
+    retention.purge_runs()
+    page = admin_client.get(f"/runs/{run.code}/")
+    assert page.status_code == 200
+    assert "were purged by retention" in page.content.decode()
