@@ -434,6 +434,17 @@ if not re.fullmatch(r"[^@\s<>]+@[A-Za-z0-9.-]+", parseaddr(DEFAULT_FROM_EMAIL)[1
 _mail_dir = env.str("STATEGUARD_MAIL_DIR", default="var/mail" if DEBUG else "")
 STATEGUARD_MAIL_DIR: Path | None = BASE_DIR / _mail_dir if _mail_dir else None
 
+# Retention (runs/retention.py, docs/deploy.md): how long a finished run of each status keeps
+# its steps and checkpoints after its last change ("succeeded=30d,compensated=90d"; a status not
+# named is kept for ever; needs_attention never goes), how long the effect ledger and the thin run
+# row that holds it stay ("7y"; empty: for ever), runs per transaction, and how often beat purges.
+# Checked by `manage.py check` (runs/retention_checks.py), not here: a bad value is an error
+# that names the setting, not a traceback.
+STATEGUARD_RETENTION = env.dict("STATEGUARD_RETENTION", default={})
+STATEGUARD_RETENTION_LEDGER = env.str("STATEGUARD_RETENTION_LEDGER", default="")
+STATEGUARD_RETENTION_BATCH = env.int("STATEGUARD_RETENTION_BATCH", default=500)
+STATEGUARD_RETENTION_SECONDS = _seconds("STATEGUARD_RETENTION_SECONDS", 3600.0)
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "stateguard_web.sagas.tasks.sweep_expired_leases",
@@ -447,6 +458,12 @@ CELERY_BEAT_SCHEDULE = {
         "task": "stateguard_web.batches.tasks.batch_sweep",
         "schedule": float(STATEGUARD_SWEEP_SECONDS),
         "options": {"expires": float(STATEGUARD_SWEEP_SECONDS)},
+    },
+    # Retention: purges what is due, in batches, for at most half the period (runs/tasks.py).
+    "purge-runs": {
+        "task": "stateguard_web.runs.tasks.purge_runs",
+        "schedule": STATEGUARD_RETENTION_SECONDS,
+        "options": {"expires": STATEGUARD_RETENTION_SECONDS},
     },
 }
 

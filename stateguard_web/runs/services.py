@@ -173,6 +173,17 @@ def _allowed(action: Action, run: Run, *, pivot: bool = False) -> None:
                             pivot=selectors.run_pivot(run=run) if pivot else None)
     if why is not None:
         raise ActionNotAllowed(why)
+    _not_purged(run)
+
+
+def _not_purged(run: Run) -> None:
+    """A run retention purged has no steps or checkpoints left: compensating it would find
+    nothing to undo and call it compensated with its charge still out (runs/retention.py)."""
+    if run.purged_at is not None:
+        raise ActionNotAllowed(
+            f"run {run.code} was purged on {run.purged_at:%Y-%m-%d} (retention): its steps and "
+            "checkpoints are gone, only its effects (the ledger) and audit trail are kept; "
+            "undo an effect by hand (a refund in the payments admin)")
 
 
 def _request(run: Run, by: By, action: Action, **details: Any) -> None:
@@ -264,6 +275,7 @@ def run_retry(*, run: Run, by: By, from_step: str | None = None,
         _audit(run, by, "run.retry_requested")
         return run
     step = _text(from_step, "from_step", 300)
+    _not_purged(run)
     try:
         seen = selectors.run_rewind(run=run, from_step=step)
     except selectors.StepNotFound as exc:

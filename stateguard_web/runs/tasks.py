@@ -300,3 +300,23 @@ def sweep_expired_leases() -> int:
                     "%s, %d lost runs queued again %s, %d operator requests queued again %s",
                     len(dead), dead, len(rounds), rounds, len(lost), lost, len(undone), undone)
     return len(dead)
+
+
+@shared_task(acks_late=True)
+def purge_runs() -> int:
+    """Beat's retention pass (``runs/retention.py``): batch after batch, each its own short
+    transaction, for at most half the period between two passes, so that passes never overlap
+    for long; what is left waits for the next. Safe to run twice at once: each batch skips the
+    runs another holds locked. Nothing configured: nothing to do."""
+    from stateguard_web.runs import retention  # imports the saver's package: only when used
+
+    policy = retention.Policy.from_settings()
+    if not policy.keep:
+        return 0
+    outcome = retention.purge_runs(policy=policy,
+                                   max_seconds=settings.STATEGUARD_RETENTION_SECONDS / 2)
+    if outcome.runs:
+        logger.info("retention: %d runs purged in %d batches (%d deleted, %d thinned) %s",
+                    outcome.runs, outcome.batches, outcome.deleted, outcome.thinned,
+                    dict(outcome.by_status))
+    return outcome.runs

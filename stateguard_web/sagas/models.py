@@ -88,6 +88,9 @@ class Run(models.Model):
     failed_node = models.CharField(max_length=200, null=True, blank=True, editable=False)
     error_type = models.CharField(max_length=200, null=True, blank=True, editable=False)
     incident_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # When retention (runs/retention.py) deleted the run's steps, compensations, approvals and
+    # checkpoints and kept this thin row for its effects (the ledger) and its audit trail.
+    purged_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -126,6 +129,14 @@ class Run(models.Model):
             # its whole key in either.
             models.Index(fields=["agent", "failed_node", "error_type", "status", "incident_at"],
                          name="sagas_run_failed_at", condition=Q(failed_node__isnull=False)),
+            # Retention: the finished runs of a status not purged yet, oldest first. Partial, so
+            # the thin rows it keeps for the ledger (years of them) are not read again and
+            # again; created_at never changes and purged_at once, so lease writes stay HOT.
+            models.Index(fields=["status", "created_at"], name="sagas_run_retention",
+                         condition=Q(purged_at__isnull=True)),
+            # Retention of the ledger: the thin rows, oldest first.
+            models.Index(fields=["created_at"], name="sagas_run_purged",
+                         condition=Q(purged_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).
