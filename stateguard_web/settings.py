@@ -105,6 +105,7 @@ INSTALLED_APPS = [
     "stateguard_web.notifications",  # operators told when a run waits for them
     "stateguard_web.accounts",
     "stateguard_web.batches",  # one operator action over many runs
+    "stateguard_web.webhooks",  # submitters told when their runs end or wait
     "stateguard_web.monitoring",  # /api/health, /healthz, /metrics, the workers' heartbeat
     "stateguard_web.payments",  # after sagas: its admin extends the journal's Run admin
     "stateguard_web.dashboard",  # the operator's pages and their websockets
@@ -434,6 +435,21 @@ if not re.fullmatch(r"[^@\s<>]+@[A-Za-z0-9.-]+", parseaddr(DEFAULT_FROM_EMAIL)[1
 _mail_dir = env.str("STATEGUARD_MAIL_DIR", default="var/mail" if DEBUG else "")
 STATEGUARD_MAIL_DIR: Path | None = BASE_DIR / _mail_dir if _mail_dir else None
 
+# Webhooks for submitters (webhooks/): a POST to the URL a submission names, or its API key's
+# default, when the run ends or waits for an approval. URLs whose host is (or resolves to) a
+# private, loopback, link-local or reserved address are refused, at submission and again at each
+# delivery, unless this allows them (a receiver on the same network: tests, `make run`).
+STATEGUARD_WEBHOOKS_ALLOW_PRIVATE = env.bool("STATEGUARD_WEBHOOKS_ALLOW_PRIVATE", default=DEBUG)
+# Seconds a receiver has to answer (connect and read); redirects are never followed.
+STATEGUARD_WEBHOOKS_TIMEOUT = env.float("STATEGUARD_WEBHOOKS_TIMEOUT", default=5.0)
+# A delivery that keeps failing is retried with exponential backoff (30 s, 1, 2, 4 min... at most
+# an hour apart) for this many hours after its event, then marked failed.
+STATEGUARD_WEBHOOKS_RETRY_HOURS = env.float("STATEGUARD_WEBHOOKS_RETRY_HOURS", default=24.0)
+# How often beat looks for due deliveries: the longest an event waits before its first POST.
+STATEGUARD_WEBHOOKS_SWEEP_SECONDS = env.float("STATEGUARD_WEBHOOKS_SWEEP_SECONDS", default=2.0)
+if STATEGUARD_WEBHOOKS_TIMEOUT <= 0 or STATEGUARD_WEBHOOKS_SWEEP_SECONDS <= 0:
+    raise ImproperlyConfigured("STATEGUARD_WEBHOOKS_TIMEOUT and _SWEEP_SECONDS must be above 0")
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "stateguard_web.sagas.tasks.sweep_expired_leases",
@@ -447,6 +463,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "stateguard_web.batches.tasks.batch_sweep",
         "schedule": float(STATEGUARD_SWEEP_SECONDS),
         "options": {"expires": float(STATEGUARD_SWEEP_SECONDS)},
+    },
+    # Webhook deliveries that are due: new events, retries whose backoff is over, and those
+    # whose sender died (webhooks/tasks.py).
+    "webhooks-sweep": {
+        "task": "stateguard_web.webhooks.tasks.webhooks_sweep",
+        "schedule": STATEGUARD_WEBHOOKS_SWEEP_SECONDS,
+        "options": {"expires": STATEGUARD_WEBHOOKS_SWEEP_SECONDS},
     },
 }
 
