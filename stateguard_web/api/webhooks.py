@@ -33,7 +33,7 @@ def rotate_webhook_secret(request: HttpRequest) -> dict[str, object]:
     """A new secret for the calling key, replacing its old one at once: the events of its
     runs are signed with it from now on. Shown in this answer only."""
     key = _key(request)
-    secret = services.endpoint_rotate(key=key, by=principal(request).user)
+    secret = services.key_secret_rotate(key=key, by=principal(request).user)
     return {"key": key.prefix, "secret": secret}
 
 
@@ -42,5 +42,5 @@ def rotate_webhook_secret(request: HttpRequest) -> dict[str, object]:
 def set_webhook_default(request: HttpRequest, data: WebhookDefaultIn) -> dict[str, object]:
     """Where the events of the key's submissions go when a submission names no URL."""
     key = _key(request)
-    endpoint = services.endpoint_set_default(key=key, url=data.url)
-    return {"key": key.prefix, "url": endpoint.default_url}
+    key = services.key_default_set(key=key, url=data.url)
+    return {"key": key.prefix, "url": key.webhook_url}

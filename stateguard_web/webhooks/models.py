@@ -1,5 +1,6 @@
-"""Webhooks: each API key's signing secret (and default URL), the URL a run was submitted
-with, and the outbox: one ``Delivery`` per event, with every ``Attempt`` to send it."""
+"""Webhooks: the URL a run was submitted with (and the key whose secret signs its events:
+``ApiKey.webhook_secret``), and the outbox: one ``Delivery`` per event, with every
+``Attempt`` to send it."""
 
 from __future__ import annotations
 
@@ -20,23 +21,6 @@ EVENT_TYPES = {
 }
 
 
-class Endpoint(models.Model):
-    """An API key's webhook settings. The secret signs every event of the runs the key
-    submitted; it is stored as it is (an HMAC needs it) and shown once, when made or rotated."""
-
-    key = models.OneToOneField(ApiKey, on_delete=models.CASCADE, related_name="webhook")
-    secret = models.CharField(max_length=80, editable=False)
-    # Where the key's submissions' events go when a submission names no URL (empty: nowhere).
-    default_url = models.URLField(max_length=2000, blank=True, default="")
-    rotated_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        verbose_name = "webhook endpoint"
-
-    def __str__(self) -> str:
-        return f"webhooks of {self.key}"
-
-
 class RunWebhook(models.Model):
     """The URL a run's events go to, and the key whose secret signs them. Read by the trigger
     that writes the outbox (so a run without one costs that trigger one index lookup)."""
@@ -44,7 +28,7 @@ class RunWebhook(models.Model):
     run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True,
                                related_name="webhook")
     url = models.URLField(max_length=2000)
-    endpoint = models.ForeignKey(Endpoint, on_delete=models.CASCADE, related_name="+")
+    key = models.ForeignKey(ApiKey, on_delete=models.CASCADE, related_name="+")
 
     def __str__(self) -> str:
         return f"{self.run_id} → {self.url}"

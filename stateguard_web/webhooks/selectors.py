@@ -13,6 +13,8 @@ from stateguard_web.webhooks.models import Attempt, Delivery, RunWebhook
 def run_webhooks(*, run: Run) -> dict[str, Any]:
     """The run's webhook URL (None: none) and its deliveries, oldest first."""
     hook = RunWebhook.objects.filter(run=run).values_list("url", flat=True).first()
+    if hook is None:  # most runs: one query, no more
+        return {"url": None, "deliveries": []}
     deliveries = (Delivery.objects.filter(run=run).order_by("created_at", "id")
                   .prefetch_related(Prefetch("tries", Attempt.objects.order_by("number"))))
     return {"url": hook, "deliveries": [{

@@ -28,7 +28,7 @@ from stateguard_web.runs.services import By, SubmissionError
 from stateguard_web.sagas.models import AuditEvent, Run
 from stateguard_web.webhooks import signing
 from stateguard_web.webhooks.addresses import UrlRefused, url_check
-from stateguard_web.webhooks.models import Attempt, Delivery, Endpoint, RunWebhook
+from stateguard_web.webhooks.models import Attempt, Delivery, RunWebhook
 
 USER_AGENT = "StateGuard-Webhooks/1"
 SNIPPET = 500  # characters of a response body (and of an error) kept per attempt
@@ -40,31 +40,27 @@ class WebhookRefused(SubmissionError):
 
 
 @transaction.atomic
-def endpoint_rotate(*, key: ApiKey, by: AbstractBaseUser | None = None) -> str:
+def key_secret_rotate(*, key: ApiKey, by: AbstractBaseUser | None = None) -> str:
     """Give ``key`` a new webhook secret (its first, or one replacing the old at once) and
     return it: the only time it is shown."""
-    secret = signing.secret_new()
-    endpoint, made = Endpoint.objects.select_for_update().get_or_create(
-        key=key, defaults={"secret": secret})
-    if not made:
-        endpoint.secret, endpoint.rotated_at = secret, timezone.now()
-        endpoint.save(update_fields=["secret", "rotated_at"])
+    first = not key.webhook_secret
+    key.webhook_secret = signing.secret_new()
+    key.save(update_fields=["webhook_secret"])  # its signal refreshes every key cache
     actor = str(by.get_username()) if by is not None else "system"
     AuditEvent.objects.create(actor=actor, action="webhook.secret_rotated",
-                              data={"prefix": key.prefix, "first": made})
-    return secret
+                              data={"prefix": key.prefix, "first": first})
+    return key.webhook_secret
 
 
-def endpoint_set_default(*, key: ApiKey, url: str) -> Endpoint:
-    """The URL the key's submissions' events go to when they name none (empty: none)."""
+def key_default_set(*, key: ApiKey, url: str) -> ApiKey:
+    """Where the key's submissions' events go when they name no URL (empty: nowhere)."""
+    if not key.webhook_secret:
+        raise UrlRefused("this API key has no webhook secret yet: POST /api/webhooks/secret")
     if url:
         url_check(url)
-    endpoint = Endpoint.objects.filter(key=key).first()
-    if endpoint is None:
-        raise UrlRefused("this API key has no webhook secret yet: POST /api/webhooks/secret")
-    endpoint.default_url = url
-    endpoint.save(update_fields=["default_url"])
-    return endpoint
+    key.webhook_url = url
+    key.save(update_fields=["webhook_url"])
+    return key
 
 
 def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
@@ -74,21 +70,21 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
     default) stored with the run, before any worker can change its status. A URL that may
     not receive webhooks, or one named without an API key with a secret, is refused
     (``WebhookRefused``) and nothing is stored."""
-    endpoint = Endpoint.objects.filter(key=key).first() if key is not None else None
-    url = webhook_url or (endpoint.default_url if endpoint else "")
-    if webhook_url and endpoint is None:
+    url = webhook_url or (key.webhook_url if key is not None else "")
+    if not url:  # most submissions: nothing more than the run's own
+        return runs.run_submit(agent=agent, input=input, by=by, idempotency_key=idempotency_key)
+    if key is None or not key.webhook_secret:
         raise WebhookRefused(
             "webhook_url: webhooks are signed with the API key's webhook secret: submit with "
             "an API key that has one (POST /api/webhooks/secret)")
-    if url:
-        try:
-            url_check(url)  # before the transaction: it may wait for DNS
-        except UrlRefused as exc:
-            raise WebhookRefused(f"webhook_url: {exc}") from None
+    try:
+        url_check(url)  # before the transaction: it may wait for DNS
+    except UrlRefused as exc:
+        raise WebhookRefused(f"webhook_url: {exc}") from None
     with transaction.atomic():
         run = runs.run_submit(agent=agent, input=input, by=by, idempotency_key=idempotency_key)
-        if url and endpoint is not None and not run.replayed:
-            RunWebhook.objects.create(run=run, url=url, endpoint=endpoint)
+        if not run.replayed:
+            RunWebhook.objects.create(run=run, url=url, key=key)
     return run
 
 
@@ -144,7 +140,7 @@ def delivery_send(*, delivery_id: int, claim: str | None = None) -> Attempt | No
         if delivery is None or (claim is not None and delivery.next_attempt_at
                                 != datetime.fromisoformat(claim)):
             return None
-        hook = RunWebhook.objects.select_related("endpoint").get(run_id=delivery.run_id)
+        hook = RunWebhook.objects.select_related("key").get(run_id=delivery.run_id)
         content = body(delivery)
         number = delivery.attempts + 1
         started, clock = timezone.now(), time.monotonic()
@@ -154,7 +150,7 @@ def delivery_send(*, delivery_id: int, claim: str | None = None) -> Attempt | No
             response = _post(hook.url, address, content, {
                 "Content-Type": "application/json", "User-Agent": USER_AGENT,
                 "StateGuard-Event-Id": delivery.event_id,
-                signing.HEADER: signing.sign(hook.endpoint.secret, content)})
+                signing.HEADER: signing.sign(hook.key.webhook_secret, content)})
             code, snippet = response.status_code, response.text[:SNIPPET]
         except UrlRefused as exc:
             error = f"refused: {exc}"

@@ -247,7 +247,8 @@ class AgentsAndSchemaTests(World):
             "/api/runs/{code}/reject", "/api/runs/{code}/retry", "/api/runs/{code}/compensate",
             "/api/runs/{code}/resolve", "/api/runs/{code}/terminate",
             "/api/compensations/{id}/retry", "/api/agents",
-            "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel"}
+            "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel",
+            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default"}
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import socket
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -170,7 +172,7 @@ class OutboxTests(WebhookWorld):
         first, second = self.secret(), self.secret()
         assert first != second
         key = ApiKey.objects.get(user=self.alice)
-        assert key.webhook.secret == second
+        assert key.webhook_secret == second
         assert AuditEvent.objects.filter(action="webhook.secret_rotated").count() == 2
         response = self.call("root", "POST", "/api/webhooks/secret", {})  # a session: no key
         assert response.status_code == 403 and "API keys" in response.json()["detail"]
@@ -240,3 +242,46 @@ class RefusalTests(WebhookWorld):
         assert len(hook.received) == 1
         delivery = Delivery.objects.get(run=run)
         assert delivery.status == Delivery.Status.PENDING  # a 302 is no delivery
+
+
+class PageTests(WebhookWorld):
+    def test_it_shows_deliveries_on_the_run_page(self) -> None:
+        self.secret()
+        with receiver() as hook:
+            hook.answers = [503]
+            run = self.submit(hook.url)
+            self.finish(run)
+            sweep()
+        client, _ = self.as_("root")
+        page = client.get(f"/runs/{run.code}/").content.decode()
+        assert hook.url in page and "run.succeeded" in page
+        assert "<strong>503</strong>" in page and "answer 503" in page
+        plain = Run.objects.create(agent="provision", submitted_by=self.alice)
+        assert "data-webhooks" not in client.get(f"/runs/{plain.code}/").content.decode()
+
+    def test_it_rotates_a_secret_from_the_admin_and_shows_it_once(self) -> None:
+        client, _ = self.as_("root")
+        client.cookies.pop("csrftoken")
+        client = type(client)()  # the admin with Django's usual CSRF handling in tests
+        client.force_login(self.root)
+        key = ApiKey.objects.get(user=self.alice)
+        response = client.post("/admin/accounts/apikey/", {
+            "action": "rotate_webhook_secret", "_selected_action": [key.pk]})
+        assert response.status_code == 200
+        key.refresh_from_db()
+        assert key.webhook_secret in response.content.decode()
+
+
+def test_the_docs_verification_snippet_agrees_with_the_signer() -> None:
+    text = (Path(__file__).parents[3] / "docs" / "api.md").read_text()
+    snippet = text.split("refuse an old\ntimestamp (a replayed message):\n\n```python\n", 1)[1]
+    namespace: dict[str, Any] = {}
+    exec(snippet.split("```", 1)[0], namespace)  # the receiver's code, as documented
+    verify = namespace["verify"]
+    body, secret = b'{"id":"evt_1"}', signing.secret_new()
+    header = signing.sign(secret, body)
+    assert verify(secret, body, header)
+    assert not verify(secret, body + b" ", header)
+    assert not verify("whsec_other", body, header)
+    assert not verify(secret, body, signing.sign(secret, body, timestamp=1_000_000_000))
+    assert not verify(secret, body, "v1=abc")
