@@ -39,7 +39,9 @@ def receiver() -> Iterator[Receiver]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for it (the default, 0.5 s, would be most of a test).
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02},
+                              daemon=True)
     thread.start()
     try:
         yield state

@@ -25,7 +25,7 @@ from stateguard_web.webhooks import signing, tasks
 from stateguard_web.webhooks.addresses import UrlRefused, url_check
 from stateguard_web.webhooks.models import Delivery, RunWebhook
 from tests.web.api.world import PROVISION, World
-from tests.web.webhooks.receiver import receiver
+from tests.web.webhooks.receiver import Receiver, receiver
 
 
 def sweep() -> int:
@@ -51,6 +51,17 @@ class WebhookWorld(World):
         Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
         DjangoJournal().run_set_status(str(run.code), status, ErrorInfo("E", "boom", "")
                                        if status == RunStatus.FAILED else None)
+
+    def sent_once(self, answer: int) -> tuple[Run, Receiver]:
+        """A run with a webhook, succeeded, its event sent once to a receiver that answered
+        ``answer``."""
+        self.secret()
+        with receiver() as hook:
+            hook.answers = [answer]
+            run = self.submit(hook.url)
+            self.finish(run)
+            sweep()
+        return run, hook
 
 
 class DeliveryTests(WebhookWorld):
@@ -233,12 +244,7 @@ class RefusalTests(WebhookWorld):
         assert attempt.error.startswith("refused: ") and attempt.status_code is None
 
     def test_it_follows_no_redirect(self) -> None:
-        self.secret()
-        with receiver() as hook:
-            hook.answers = [302]
-            run = self.submit(hook.url)
-            self.finish(run)
-            sweep()
+        run, hook = self.sent_once(302)
         assert len(hook.received) == 1
         delivery = Delivery.objects.get(run=run)
         assert delivery.status == Delivery.Status.PENDING  # a 302 is no delivery
@@ -246,12 +252,7 @@ class RefusalTests(WebhookWorld):
 
 class PageTests(WebhookWorld):
     def test_it_shows_deliveries_on_the_run_page(self) -> None:
-        self.secret()
-        with receiver() as hook:
-            hook.answers = [503]
-            run = self.submit(hook.url)
-            self.finish(run)
-            sweep()
+        run, hook = self.sent_once(503)
         client, _ = self.as_("root")
         page = client.get(f"/runs/{run.code}/").content.decode()
         assert hook.url in page and "run.succeeded" in page
