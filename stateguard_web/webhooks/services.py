@@ -120,15 +120,25 @@ def body(delivery: Delivery) -> bytes:
     return json.dumps(event, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _post(url: str, address: str, content: bytes, headers: dict[str, str]) -> httpx.Response:
+def _post(url: str, address: str, content: bytes,
+          headers: dict[str, str]) -> tuple[int, str]:
     """POST to ``address``, the one ``url_check`` just allowed, not to a second lookup of the
-    name (which could answer otherwise); TLS still checks the certificate against the name."""
+    name (which could answer otherwise); TLS still checks the certificate against the name.
+    The status and the start of the answer: no more of it is read, and no longer than the
+    timeout (a receiver that drips its answer is cut off)."""
     target = httpx.URL(url)
     headers = {**headers, "Host": target.netloc.decode("ascii")}
-    with httpx.Client(timeout=settings.STATEGUARD_WEBHOOKS_TIMEOUT, follow_redirects=False,
-                      trust_env=False) as client:
-        return client.post(target.copy_with(host=address), content=content, headers=headers,
-                           extensions={"sni_hostname": target.host})
+    timeout = settings.STATEGUARD_WEBHOOKS_TIMEOUT
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client, \
+            client.stream("POST", target.copy_with(host=address), content=content,
+                          headers=headers, extensions={"sni_hostname": target.host}) as response:
+        start = b""
+        for chunk in response.iter_bytes():
+            start += chunk
+            if len(start) >= 4 * SNIPPET or time.monotonic() > deadline:
+                break
+        return response.status_code, start.decode("utf-8", "replace")[:SNIPPET]
 
 
 def delivery_send(*, delivery_id: int, claim: str | None = None) -> Attempt | None:
@@ -147,11 +157,10 @@ def delivery_send(*, delivery_id: int, claim: str | None = None) -> Attempt | No
         code, snippet, error = None, "", ""
         try:
             address = url_check(hook.url)[0]  # again: DNS may answer otherwise now
-            response = _post(hook.url, address, content, {
+            code, snippet = _post(hook.url, address, content, {
                 "Content-Type": "application/json", "User-Agent": USER_AGENT,
                 "StateGuard-Event-Id": delivery.event_id,
                 signing.HEADER: signing.sign(hook.key.webhook_secret, content)})
-            code, snippet = response.status_code, response.text[:SNIPPET]
         except UrlRefused as exc:
             error = f"refused: {exc}"
         except httpx.HTTPError as exc:

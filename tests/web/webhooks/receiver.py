@@ -1,9 +1,11 @@
 """A webhook receiver for the tests: a threaded HTTP server on 127.0.0.1 that records each
-request and answers with the statuses it is given in turn (then 204)."""
+request and answers with the statuses it is given in turn (then 204); a float in their place:
+that many seconds of silence, then 204."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,7 +17,7 @@ from typing import Any
 class Receiver:
     url: str = ""
     received: list[dict[str, Any]] = field(default_factory=list)
-    answers: list[int] = field(default_factory=list)
+    answers: list[int | float] = field(default_factory=list)
 
 
 @contextmanager
@@ -27,6 +29,9 @@ def receiver() -> Iterator[Receiver]:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             state.received.append({"headers": self.headers, "body": body, "path": self.path})
             answer = state.answers.pop(0) if state.answers else 204
+            if isinstance(answer, float):
+                time.sleep(answer)
+                answer = 204
             text = b"" if answer == 204 else f"answer {answer}".encode()
             self.send_response(answer)
             self.send_header("Content-Length", str(len(text)))

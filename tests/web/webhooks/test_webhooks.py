@@ -52,7 +52,7 @@ class WebhookWorld(World):
         DjangoJournal().run_set_status(str(run.code), status, ErrorInfo("E", "boom", "")
                                        if status == RunStatus.FAILED else None)
 
-    def sent_once(self, answer: int) -> tuple[Run, Receiver]:
+    def sent_once(self, answer: int | float) -> tuple[Run, Receiver]:
         """A run with a webhook, succeeded, its event sent once to a receiver that answered
         ``answer``."""
         self.secret()
@@ -137,6 +137,14 @@ class DeliveryTests(WebhookWorld):
         (attempt,) = delivery.tries.all()
         assert attempt.status_code is None and "ConnectError" in attempt.error
         assert delivery.status == Delivery.Status.PENDING and delivery.next_attempt_at
+
+
+    @override_settings(STATEGUARD_WEBHOOKS_TIMEOUT=0.2)
+    def test_it_gives_up_on_a_receiver_slower_than_the_timeout(self) -> None:
+        run, _ = self.sent_once(0.6)
+        (attempt,) = Delivery.objects.get(run=run).tries.all()
+        assert attempt.status_code is None and attempt.error.startswith("ReadTimeout")
+        assert attempt.duration_ms < 550
 
 
 class OutboxTests(WebhookWorld):
