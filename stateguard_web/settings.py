@@ -105,6 +105,7 @@ INSTALLED_APPS = [
     "stateguard_web.notifications",  # operators told when a run waits for them
     "stateguard_web.accounts",
     "stateguard_web.batches",  # one operator action over many runs
+    "stateguard_web.webhooks",  # submitters told when their runs end or wait
     "stateguard_web.monitoring",  # /api/health, /healthz, /metrics, the workers' heartbeat
     "stateguard_web.payments",  # after sagas: its admin extends the journal's Run admin
     "stateguard_web.dashboard",  # the operator's pages and their websockets
@@ -444,6 +445,20 @@ STATEGUARD_RETENTION = env.dict("STATEGUARD_RETENTION", default={})
 STATEGUARD_RETENTION_LEDGER = env.str("STATEGUARD_RETENTION_LEDGER", default="")
 STATEGUARD_RETENTION_BATCH = env.int("STATEGUARD_RETENTION_BATCH", default=500)
 STATEGUARD_RETENTION_SECONDS = _seconds("STATEGUARD_RETENTION_SECONDS", 3600.0)
+# Webhooks for submitters (webhooks/): a POST to the URL a submission names, or its API key's
+# default, when the run ends or waits for an approval. URLs whose host is (or resolves to) a
+# private, loopback, link-local or reserved address are refused, at submission and again at each
+# delivery, unless this allows them (a receiver on the same network: tests, `make run`).
+STATEGUARD_WEBHOOKS_ALLOW_PRIVATE = env.bool("STATEGUARD_WEBHOOKS_ALLOW_PRIVATE", default=DEBUG)
+# Seconds a receiver has to answer (connect and read); redirects are never followed.
+STATEGUARD_WEBHOOKS_TIMEOUT = env.float("STATEGUARD_WEBHOOKS_TIMEOUT", default=5.0)
+# A delivery that keeps failing is retried with exponential backoff (30 s, 1, 2, 4 min... at most
+# an hour apart) for this many hours after its event, then marked failed.
+STATEGUARD_WEBHOOKS_RETRY_HOURS = env.float("STATEGUARD_WEBHOOKS_RETRY_HOURS", default=24.0)
+# How often beat looks for due deliveries: the longest an event waits before its first POST.
+STATEGUARD_WEBHOOKS_SWEEP_SECONDS = env.float("STATEGUARD_WEBHOOKS_SWEEP_SECONDS", default=2.0)
+if STATEGUARD_WEBHOOKS_TIMEOUT <= 0 or STATEGUARD_WEBHOOKS_SWEEP_SECONDS <= 0:
+    raise ImproperlyConfigured("STATEGUARD_WEBHOOKS_TIMEOUT and _SWEEP_SECONDS must be above 0")
 
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
@@ -464,6 +479,13 @@ CELERY_BEAT_SCHEDULE = {
         "task": "stateguard_web.runs.tasks.purge_runs",
         "schedule": STATEGUARD_RETENTION_SECONDS,
         "options": {"expires": STATEGUARD_RETENTION_SECONDS},
+    },
+    # Webhook deliveries that are due: new events, retries whose backoff is over, and those
+    # whose sender died (webhooks/tasks.py).
+    "webhooks-sweep": {
+        "task": "stateguard_web.webhooks.tasks.webhooks_sweep",
+        "schedule": STATEGUARD_WEBHOOKS_SWEEP_SECONDS,
+        "options": {"expires": STATEGUARD_WEBHOOKS_SWEEP_SECONDS},
     },
 }
 

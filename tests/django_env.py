@@ -45,6 +45,7 @@ os.environ["DEBUG"] = "true"
 # would e-mail the operators of every run that pauses, in this process and in the workers.
 os.environ["STATEGUARD_NOTIFY_EMAIL"] = ""
 os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)
+os.environ["STATEGUARD_WEBHOOKS_ALLOW_PRIVATE"] = "true"  # receivers on 127.0.0.1
 # No mail server and no Outbox folder unless a test starts one (the ``mail_server`` fixture):
 # under DEBUG the agents would mail `make run`'s server on 8025, if one is up, and the Outbox
 # would list its var/mail/. A test that sends mail without one fails (nothing on port 25).

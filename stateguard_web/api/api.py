@@ -10,7 +10,7 @@ import functools
 from ninja import NinjaAPI
 from ninja.operation import Operation
 
-from stateguard_web.api import agents, batches, compensations, errors, incidents, runs
+from stateguard_web.api import agents, batches, compensations, errors, incidents, runs, webhooks
 from stateguard_web.api.auth import KeyAuth, SessionAuth
 
 
@@ -37,3 +37,4 @@ api.add_router("/agents", agents.router)
 api.add_router("/compensations", compensations.router)
 api.add_router("/batches", batches.router)
 api.add_router("/incidents", incidents.router)
+api.add_router("/webhooks", webhooks.router)

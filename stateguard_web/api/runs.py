@@ -33,11 +33,14 @@ from stateguard_web.api.schemas import (
     RunIn,
     RunListOut,
     RunOut,
+    RunWebhooksOut,
     TerminateIn,
     TimelineOut,
 )
 from stateguard_web.runs import selectors, services, timeline
 from stateguard_web.sagas.models import Approval, Run
+from stateguard_web.webhooks import selectors as webhooks
+from stateguard_web.webhooks import services as webhook_services
 
 router = Router(tags=["runs"])
 Response = Status[dict[str, object]]
@@ -55,8 +58,10 @@ def submit_run(request: HttpRequest, data: RunIn,
     if idempotency_key and data.idempotency_key and idempotency_key != data.idempotency_key:
         raise ValidationError([{"loc": ("header", "Idempotency-Key"),
                                 "msg": "differs from the body's idempotency_key"}])
-    run = services.run_submit(agent=data.agent, input=data.input, by=who.actor,
-                              idempotency_key=idempotency_key or data.idempotency_key or "")
+    run = webhook_services.run_submit(
+        agent=data.agent, input=data.input, by=who.actor,
+        idempotency_key=idempotency_key or data.idempotency_key or "", key=who.key,
+        webhook_url=data.webhook_url)
     return Status(200 if run.replayed else 201, selectors.run_summary(run=run))
 
 
@@ -80,6 +85,15 @@ def get_run(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
     invariant if any, and its audit trail."""
     _, run = run_for(request, code, Ability.VIEW, detail=True)
     return selectors.run_detail(run=run)
+
+
+@router.get("/{code}/webhooks", response={200: RunWebhooksOut, **errors(404, 422)},
+            summary="Read a run's webhook deliveries")
+def get_run_webhooks(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
+    """Each event sent (or to send) to the run's webhook URL, with every attempt and what the
+    receiver answered."""
+    _, run = run_for(request, code, Ability.VIEW)
+    return webhooks.run_webhooks(run=run)
 
 
 @router.get("/{code}/timeline", response={200: TimelineOut, **errors(404, 422)},

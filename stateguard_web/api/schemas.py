@@ -88,6 +88,10 @@ class RunIn(In):
     idempotency_key: IdempotencyKey | None = Field(
         None, description="or the Idempotency-Key header: the same key again gives back the "
                           "same run (200) instead of a second one")
+    webhook_url: str | None = Field(
+        None, max_length=2000,
+        description="where to POST the run's events (it ends, or waits for an approval), "
+                    "signed with the API key's webhook secret; default: the key's default URL")
 
     @field_validator("agent")
     @classmethod
@@ -484,3 +488,44 @@ class IncidentListOut(Out):
     bar_seconds: int = Field(description="each bar's span")
     more: bool = Field(description="more groups than limit")
     items: list[IncidentOut]
+
+
+class WebhookAttemptOut(Out):
+    number: int
+    url: str
+    started_at: datetime
+    duration_ms: int
+    status_code: int | None = Field(description="the receiver's answer; null: none came")
+    response: str = Field(description="the start of the answer's body")
+    error: str = Field(description="why no answer came (timeout, refused address...)")
+    ok: bool
+
+
+class WebhookDeliveryOut(Out):
+    id: str = Field(description="the event's id, as the receiver got it (to detect replays)")
+    type: str
+    status: Literal["pending", "delivered", "failed"]
+    created: datetime
+    attempts: int
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    tries: list[WebhookAttemptOut]
+
+
+class RunWebhooksOut(Out):
+    url: str | None = Field(description="where the run's events go; null: nowhere")
+    deliveries: list[WebhookDeliveryOut]
+
+
+class WebhookSecretOut(Out):
+    key: str = Field(description="the API key's prefix")
+    secret: str = Field(description="shown this once: store it where your receiver reads it")
+
+
+class WebhookDefaultIn(In):
+    url: str = Field(max_length=2000, description="empty: no default")
+
+
+class WebhookDefaultOut(Out):
+    key: str
+    url: str

@@ -38,6 +38,7 @@ from stateguard_web.dashboard.forms import (
 from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.runs import runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
+from stateguard_web.webhooks import selectors as webhooks
 
 
 class LoginView(auth_views.LoginView):
@@ -103,7 +104,7 @@ def run_detail(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
     return render(request, "dashboard/run_detail.html", {
         "run": run, "page": page, "confirm": request.GET.get("confirm", ""),
         "decision_form": DecisionForm(), "compensate_form": CompensateForm(),
-        "resolve_form": ResolveForm(),
+        "resolve_form": ResolveForm(), "webhooks": webhooks.run_webhooks(run=run),
     })
 
 

@@ -1,4 +1,5 @@
-"""The journal and a run on SQLite, the embedded default (the other web tests use PostgreSQL)."""
+"""The journal and a run on SQLite, the embedded default (the other web tests use PostgreSQL);
+the webhooks' outbox too (its own trigger on SQLite: webhooks migration 0002)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ SCRIPT = """
 import json
 from stateguard_web.runs import services, tasks
 from stateguard_web.sagas.models import Run
-ok = services.run_submit(agent="provision", input={"name": "lite-1"})
+from stateguard_web.accounts import services as accounts
+from stateguard_web.webhooks import services as webhooks
+hooker, _ = accounts.service_user_ensure(username="lite-hooks", role="submitter")
+hook_key, _ = accounts.api_key_create(user=hooker, name="lite-hooks")
+webhooks.key_secret_rotate(key=hook_key)
+ok = webhooks.run_submit(agent="provision", input={"name": "lite-1"}, by=hooker, key=hook_key,
+                         webhook_url="http://127.0.0.1:9/hooks")
 bad = services.run_submit(agent="provision", input={"name": "lite-2",
                                                     "fail_at": "create_record"})
 for run in (ok, bad):
@@ -55,16 +62,23 @@ time.sleep(0.1)
 print(json.dumps([tasks.sweep_expired_leases(),
                   DjangoJournal().lock_acquire(str(gone.code), "c", 60),
                   DjangoJournal().lock_acquire(str(running.code), "c", 60)]))
+# The outbox: the run's "succeeded" wrote its event; claimed, sent (nobody listens), not again.
+from stateguard_web.webhooks.models import Delivery
+claimed = webhooks.deliveries_claim()
+attempt = webhooks.delivery_send(delivery_id=claimed[0][0], claim=claimed[0][1])
+print(json.dumps([len(claimed), json.loads(webhooks.body(Delivery.objects.get())),
+                  str(ok.code), attempt.error[:40], webhooks.deliveries_claim()]))
 """
 
 
 def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, sqlite_url: str,
                                        tmp_path: Path, aws: AwsWorld) -> None:
     # sqlite_url: migrated by manage.py migrate (once a session, see tests/web/conftest.py)
-    env = {"DATABASE_URL": sqlite_url, "STATEGUARD_SANDBOX_DIR": str(tmp_path / "sandbox")}
+    env = {"DATABASE_URL": sqlite_url, "STATEGUARD_SANDBOX_DIR": str(tmp_path / "sandbox"),
+           "STATEGUARD_WEBHOOKS_ALLOW_PRIVATE": "true"}
     result = manage_py("shell", "-c", SCRIPT, env=env)
     assert result.returncode == 0, result.stderr
-    *_, journal, api, found, leases = result.stdout.strip().splitlines()
+    *_, journal, api, found, leases, hooks = result.stdout.strip().splitlines()
     assert json.loads(found) == [["charge_user", "APIConnectionError", "failed", 1, "down", 1]]
     assert json.loads(api)[:3] == [True, 4, 1] and json.loads(api)[3] >= 1
     assert json.loads(leases) == [1, True, False]
@@ -75,3 +89,7 @@ def test_it_runs_and_unwinds_on_sqlite(manage_py: ManagePy, sqlite_url: str,
     # In AWS (the environment names it): lite-1's server, nothing left of lite-2's.
     assert aws.live() == server("lite-1")
     assert aws.instances(alive=False) == ["lite-1", "lite-2"]
+    claimed, event, code, error, again = json.loads(hooks)
+    assert claimed == 1 and again == []  # sent once, then backing off
+    assert (event["type"], event["data"]["code"]) == ("run.succeeded", code)
+    assert event["id"].startswith("evt_") and error.startswith("ConnectError")

@@ -248,7 +248,8 @@ class AgentsAndSchemaTests(World):
             "/api/runs/{code}/resolve", "/api/runs/{code}/terminate",
             "/api/compensations/{id}/retry", "/api/agents",
             "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel",
-            "/api/incidents"}
+            "/api/incidents",
+            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default"}
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]
