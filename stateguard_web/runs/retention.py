@@ -48,6 +48,7 @@ from django.db.models import (
     QuerySet,
     Value,
 )
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -56,7 +57,6 @@ from stateguard_web.runs.runtime import saver
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,
-    BatchItem,
     Compensation,
     CompensationAttempt,
     Effect,
@@ -79,11 +79,16 @@ _DEBUG_TABLES: tuple[tuple[type[Any], str], ...] = (
     (Approval, "run_id__in"),
     (Notification, "run_id__in"),
 )
-# Every model with a foreign key to Run, and what a purge does to its rows (a test checks that
-# the list is whole: a new one would make the run's DELETE fail, not lose rows quietly).
-RUN_REFERENCES = {Step: "delete", Compensation: "delete", Approval: "delete",
-                  Notification: "delete", Effect: "ledger", AuditEvent: "keep",
-                  BatchItem: "keep"}
+# Every table with a foreign key to Run, and what a purge does to its rows (a test checks that
+# the list is whole: a new one would make the run's DELETE fail, not lose rows quietly). By
+# table, not model: the webhooks app sits above this one (it may not be imported from here).
+RUN_REFERENCES = {"sagas_step": "delete", "sagas_compensation": "delete",
+                  "sagas_approval": "delete", "sagas_notification": "delete",
+                  "webhooks_delivery": "delete", "webhooks_runwebhook": "delete",
+                  "sagas_effect": "ledger", "sagas_auditevent": "keep", "sagas_batchitem": "keep"}
+# Runs whose submitter is still owed an event (webhooks/: a delivery not sent yet, retried for
+# up to a day): kept until it is delivered or has failed, so its attempts stay visible.
+_OWED_EVENT = "SELECT run_id FROM webhooks_delivery WHERE status = 'pending'"
 CHECKPOINT_TABLES = ("checkpoints", "checkpoint_blobs", "checkpoint_writes")
 
 
@@ -144,7 +149,7 @@ def _open_ledger() -> Q:
     not_undone = Effect.objects.filter(run=OuterRef("pk")).exclude(
         status=Effect.Status.COMPENSATED)
     return (Exists(unfinished) | (~Q(status=Run.Status.SUCCEEDED) & Exists(not_undone))
-            | Q(request__isnull=False))
+            | Q(request__isnull=False) | Q(pk__in=RawSQL(_OWED_EVENT, [])))
 
 
 def due(policy: Policy, status: str, now: datetime) -> QuerySet[Run]:
@@ -199,7 +204,10 @@ def _delete_debugging_data(ids: list[int]) -> None:
     (docs/benchmarks.md, Retention)."""
     _by_run("DELETE FROM sagas_compensationattempt WHERE compensation_id IN "
             "(SELECT id FROM sagas_compensation WHERE run_id IN ({ids}))", ids)
-    for table in ("sagas_compensation", "sagas_step", "sagas_approval", "sagas_notification"):
+    _by_run("DELETE FROM webhooks_attempt WHERE delivery_id IN "
+            "(SELECT id FROM webhooks_delivery WHERE run_id IN ({ids}))", ids)
+    for table in ("sagas_compensation", "sagas_step", "sagas_approval", "sagas_notification",
+                  "webhooks_delivery", "webhooks_runwebhook"):
         _by_run(f"DELETE FROM {table} WHERE run_id IN ({{ids}})", ids)
 
 

@@ -33,6 +33,7 @@ from stateguard_web.sagas.models import (
     Run,
     Step,
 )
+from stateguard_web.webhooks.models import Attempt, Delivery
 
 POLICY = {"succeeded": "30d", "compensated": "90d"}
 OLD = timedelta(days=400)
@@ -129,6 +130,22 @@ class RetentionTests(TestCase):
         trail = AuditEvent.objects.filter(action="run.submitted")
         self.assertEqual(trail.count(), 5)
         self.assertFalse(trail.filter(run__isnull=False).exists())
+
+    def test_it_keeps_a_run_until_its_webhook_is_sent_then_purges_its_deliveries(
+            self) -> None:
+        sent, owed = self.make_run("succeeded"), self.make_run("succeeded")
+        for run, status in ((sent, "delivered"), (owed, "pending")):
+            delivery = Delivery.objects.create(event_id=f"evt_{run.code.hex}", run=run,
+                                               type="run.succeeded", status=status,
+                                               created_at=timezone.now())
+            Attempt.objects.create(delivery=delivery, number=1, url="https://h.example/",
+                                   started_at=timezone.now(), status_code=500)
+
+        command()
+
+        self.assertEqual(list(Run.objects.values_list("pk", flat=True)), [owed.pk])
+        self.assertEqual(list(Delivery.objects.values_list("run_id", flat=True)), [owed.pk])
+        self.assertEqual(Attempt.objects.count(), 1)
 
     def test_it_keeps_what_must_stay(self) -> None:
         kept = [
@@ -262,7 +279,8 @@ def test_durations() -> None:
 def test_every_reference_to_a_run_is_purged_or_kept_on_purpose() -> None:
     """A new model pointing at Run must be given its place in the purge (runs/retention.py
     deletes by table): else deleting a run would fail on its foreign key."""
-    referencing = {f.related_model for f in Run._meta.get_fields(include_hidden=True)
+    referencing = {f.related_model._meta.db_table
+                   for f in Run._meta.get_fields(include_hidden=True)
                    if f.auto_created and not f.concrete}
     assert referencing == set(retention.RUN_REFERENCES), referencing
 
