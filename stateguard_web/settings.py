@@ -309,6 +309,16 @@ STATEGUARD_WORKERS_POLL_SECONDS = _seconds("STATEGUARD_WORKERS_POLL_SECONDS", 15
 if STATEGUARD_WORKERS_POLL_SECONDS < 1:
     raise ImproperlyConfigured("STATEGUARD_WORKERS_POLL_SECONDS must be at least 1 (every open "
                                "page asks that often).")
+# The header of every page warns when the oldest pending run has waited longer than this for
+# a worker (the queue is behind: too few workers, or stuck ones); the workers page shows the
+# queue. Seconds; at least 1.
+STATEGUARD_BACKLOG_WARN_SECONDS = _seconds("STATEGUARD_BACKLOG_WARN_SECONDS", 300.0)
+if STATEGUARD_BACKLOG_WARN_SECONDS < 1:
+    raise ImproperlyConfigured("STATEGUARD_BACKLOG_WARN_SECONDS must be at least 1.")
+# The code this deployment runs, as the workers page shows it beside each worker's (a release
+# tag, the commit a build was made from). Empty: the package's version and the checkout's
+# commit (monitoring/version.py).
+STATEGUARD_VERSION = env.str("STATEGUARD_VERSION", default="")
 
 # A compensation whose attempts in the worker are spent (a provider's outage) waits and is tried
 # again (stateguard.RetryLater): first after INITIAL seconds, then after as long as it has been

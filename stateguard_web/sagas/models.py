@@ -77,6 +77,10 @@ class Run(models.Model):
     # after (migration 0012): GET /metrics counts each run once, with a duration that stays.
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     finished_status = models.CharField(max_length=20, blank=True, default="", editable=False)
+    # When a worker first took the run from the queue (its first status past pending): set
+    # once by a trigger, whichever write gets there (migration 0022), never changed after. The
+    # workers page's "started per minute"; created_at to started_at is the time it queued.
+    started_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -103,6 +107,9 @@ class Run(models.Model):
             # GET /metrics: runs that finished since the last scrape (monitoring/journal_metrics.py)
             models.Index(fields=["finished_at"], name="sagas_run_finished",
                          condition=Q(finished_at__isnull=False)),
+            # the workers page: runs started per minute over the last hour
+            models.Index(fields=["started_at"], name="sagas_run_started",
+                         condition=Q(started_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).
