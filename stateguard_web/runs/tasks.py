@@ -243,16 +243,20 @@ def _due(runs: QuerySet[Run], now: datetime, *, again: Q | None = None) -> list[
 def _lost_pending(now: datetime, lease: timedelta) -> QuerySet[Run]:
     """Pending runs whose message is gone (a broker that lost its data, a message that
     expired), not those that wait their turn behind a backlog: submitted more than six leases
-    ago, and sent before every message that may still wait in the runs' queue.
+    ago, no live worker starting them, and sent before every message that may still wait in
+    the runs' queue.
 
     That queue is first in, first out, and only runs' messages wait in it (the rest go to the
     ops queue, settings.py). When N messages wait there, they were sent for at most the N
     pending runs submitted last: a run submitted before the N-th newest pending one, and not
-    handed again since, has no message left. Counting each other message as a run's errs
-    toward waiting: such a run is queued again once the queue is shorter. Before this, every
-    pending run older than six leases was queued again each lease period however long the
-    queue: a backlog of thousands doubled its messages every 10 s (issue 22 §6)."""
-    old = Run.objects.filter(status=Run.Status.PENDING, created_at__lt=now - 6 * lease)
+    handed again since, has no message left. A lease period more of margin spares the runs
+    whose message a worker has just taken and that it has not leased yet (measured: 5 in
+    10 000 otherwise). Counting each other message as a run's errs toward waiting: such a run
+    is queued again once the queue is shorter. Before this, every pending run older than six
+    leases was queued again each lease period however long the queue: a backlog of thousands
+    doubled its messages every 10 s (issue 22 §6)."""
+    old = Run.objects.filter(Q(lease_owner="") | abandoned(now), status=Run.Status.PENDING,
+                             created_at__lt=now - 6 * lease)
     try:
         waiting = queue.depth()
     except redis.RedisError as exc:  # the next sweep asks again
@@ -266,7 +270,8 @@ def _lost_pending(now: datetime, lease: timedelta) -> QuerySet[Run]:
                .values_list("created_at", flat=True)[waiting - 1:waiting])
     if not nth:  # fewer pending runs than messages: every one may have its message there
         return old.none()
-    return old.filter(created_at__lt=nth[0]).exclude(requeued_at__gte=nth[0])
+    cut = nth[0] - lease
+    return old.filter(created_at__lt=cut).exclude(requeued_at__gte=cut)
 
 
 def sweep_message_expiry() -> float:

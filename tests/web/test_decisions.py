@@ -124,6 +124,15 @@ class SweeperTests(TestCase):
         assert sorted(again) == sorted(f"({r.pk},)" for r in runs[:2])
         assert self.broker.llen("celery") == 3
 
+    def test_it_leaves_alone_a_pending_run_a_worker_is_starting(self) -> None:
+        # Its message taken from the queue, its lease taken, not yet written "running".
+        long_ago = timezone.now() - timedelta(hours=1)
+        starting = Run.objects.create(agent="provision", input={"name": "x"}, lease_owner="w9",
+                                      lease_expires_at=timezone.now() + timedelta(seconds=30))
+        Run.objects.filter(pk=starting.pk).update(created_at=long_ago)
+        tasks.sweep_expired_leases()
+        assert queued_tasks() == []
+
     def test_it_queues_again_a_request_no_worker_carried_out(self) -> None:
         run = Run.objects.create(agent="checkout", status=Run.Status.FAILED)
         with self.captureOnCommitCallbacks():  # its message is lost
