@@ -19,6 +19,7 @@ answering is a state of its own (``broker_ok``), never an error: the page says s
 from __future__ import annotations
 
 import logging
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -26,7 +27,7 @@ from functools import cache
 
 import redis
 from django.conf import settings
-from django.db.models import Count, QuerySet
+from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
@@ -44,6 +45,7 @@ HELD_LIMIT = 500  # runs with a lease read at most (a worker holds its concurren
 OUTCOMES = ("succeeded", "compensated", "needs_attention")
 SERIES = ("submitted", "started", *OUTCOMES)
 MAX_MINUTES = 24 * 60
+SETTLE = timedelta(seconds=60)  # a minute that ended this long ago is over: its counts are kept
 
 
 @dataclass(frozen=True)
@@ -148,8 +150,8 @@ def workers_now(roster: heartbeat.Roster | None) -> Workers:
             for pid in seen.info.pids}
     for run in held_runs():
         process = _process(run.owner)
-        if process in live:
-            by_process[process].append(run)  # type: ignore[index]
+        if process is not None and process in live:
+            by_process[process].append(run)
         else:
             unclaimed.append(run)
     workers = [Worker(seen.name, seen.info, seen.age,
@@ -159,10 +161,10 @@ def workers_now(roster: heartbeat.Roster | None) -> Workers:
     return Workers(True, workers, unclaimed, code_version())
 
 
-def queue_now(depth: int | None, runs: QuerySet[Run] | None = None) -> QueueState:
-    """The queue's state, with ``depth`` from the broker; ``runs``: the runs to judge (a
-    submitter's own, for the banner), every run by default."""
-    pending = (Run.objects.all() if runs is None else runs).filter(status=Run.Status.PENDING)
+def queue_now(depth: int | None) -> QueueState:
+    """The queue's state, with ``depth`` from the broker: the pending runs through the status
+    index (the oldest, and how many)."""
+    pending = Run.objects.filter(status=Run.Status.PENDING)
     oldest = pending.order_by("created_at").values_list("code", "agent", "created_at").first()
     threshold = float(settings.STATEGUARD_BACKLOG_WARN_SECONDS)
     if oldest is None:
@@ -193,35 +195,76 @@ def queue_snapshot() -> QueueState:
     return queue_now(depth)
 
 
-def _per_minute(runs: QuerySet[Run], column: str, since: datetime, *by: str
+def _per_minute(column: str, since: datetime, *by: str
                 ) -> list[tuple[datetime, tuple[str, ...], int]]:
-    rows = (runs.filter(**{f"{column}__gte": since}).order_by()
+    rows = (Run.objects.filter(**{f"{column}__gte": since}).order_by()
             .annotate(minute=TruncMinute(column)).values("minute", *by)
-            .annotate(n=Count("pk")).values_list("minute", *by, "n"))
+            .annotate(n=Count("*")).values_list("minute", *by, "n"))
     return [(row[0], tuple(row[1:-1]), row[-1]) for row in rows]
+
+
+def _read_minutes(since: datetime) -> dict[datetime, dict[str, int]]:
+    """Each series' count per minute, of the rows whose time is at or after ``since``: three
+    grouped reads, each over its time's index."""
+    found: dict[datetime, dict[str, int]] = defaultdict(lambda: dict.fromkeys(SERIES, 0))
+    for name, column in (("submitted", "created_at"), ("started", "started_at")):
+        for minute, _, n in _per_minute(column, since):
+            found[minute.replace(second=0, microsecond=0)][name] += n
+    for minute, (outcome,), n in _per_minute("finished_at", since, "finished_status"):
+        if outcome in OUTCOMES:
+            found[minute.replace(second=0, microsecond=0)][outcome] += n
+    return found
+
+
+class _SettledMinutes:
+    """A process's counts of the minutes that are over (ended ``SETTLE`` ago or more), so that
+    the page, re-read every few seconds through a backlog, reads the current minute or two
+    rather than the whole hour again (10 000 runs in it: 40 ms of queries each time).
+
+    The times never change once set (``created_at``; ``started_at`` and ``finished_at`` are set
+    once, by triggers), so a minute read after it settled stays right; its runs' later changes
+    belong to later minutes. A row committed more than ``SETTLE`` after its time (a clock that
+    far behind, a transaction held open that long) is missed by the processes that settled its
+    minute already, as /metrics' tallies miss it (journal_metrics.py)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counts: dict[datetime, dict[str, int]] = {}
+        self.start: datetime | None = None  # the first minute held
+        self.end: datetime | None = None  # the first minute not held (not settled when read)
+
+    def window(self, since: datetime, now: datetime) -> dict[datetime, dict[str, int]]:
+        settled = (now - SETTLE).replace(second=0, microsecond=0)  # minutes before it are over
+        with self.lock:
+            if self.start is None or self.end is None or not self.start <= since <= self.end:
+                self.counts, self.start, self.end = {}, since, since  # read the window anew
+            assert self.end is not None
+            fresh = _read_minutes(self.end)
+            minute = self.end
+            while minute < settled:
+                self.counts[minute] = dict(fresh.get(minute) or dict.fromkeys(SERIES, 0))
+                minute += timedelta(minutes=1)
+            self.end = max(self.end, settled)
+            oldest = now - timedelta(minutes=MAX_MINUTES + 1)
+            for old in [m for m in self.counts if m < oldest]:
+                del self.counts[old]
+            self.start = max(self.start, min(self.counts, default=self.end))
+            return {**{m: c for m, c in self.counts.items() if m >= since},
+                    **{m: c for m, c in fresh.items() if m >= self.end}}
+
+
+_settled = _SettledMinutes()
 
 
 def throughput(minutes: int = 60, now: datetime | None = None) -> Throughput:
     """Runs per minute over the last ``minutes`` minutes (this one included): submitted,
-    started, and finished by outcome. Three grouped reads, each over its time's partial
-    index."""
-    now = now or timezone.now()
-    this_minute = now.replace(second=0, microsecond=0)
+    started, and finished by outcome. The minutes that are over come from this process's
+    ``_SettledMinutes``; with ``now`` given (a test's), everything is read."""
+    at = now or timezone.now()
+    this_minute = at.replace(second=0, microsecond=0)
     starts = [this_minute - timedelta(minutes=minutes - 1 - i) for i in range(minutes)]
-    since, index = starts[0], {start: i for i, start in enumerate(starts)}
-    counts = {name: [0] * minutes for name in SERIES}
-
-    def add(name: str, minute: datetime, n: int) -> None:
-        i = index.get(minute.replace(second=0, microsecond=0))
-        if i is not None:  # a row written a moment after ``now`` is the next minute's
-            counts[name][i] += n
-
-    for minute, _, n in _per_minute(Run.objects.all(), "created_at", since):
-        add("submitted", minute, n)
-    for minute, _, n in _per_minute(Run.objects.all(), "started_at", since):
-        add("started", minute, n)
-    for minute, (outcome,), n in _per_minute(Run.objects.all(), "finished_at", since,
-                                             "finished_status"):
-        if outcome in OUTCOMES:
-            add(outcome, minute, n)
-    return Throughput(starts, counts)
+    found = _read_minutes(starts[0]) if now is not None else _settled.window(starts[0], at)
+    zero = dict.fromkeys(SERIES, 0)
+    # A row written a moment after ``at`` is the next minute's: not in the window.
+    return Throughput(starts, {name: [found.get(m, zero)[name] for m in starts]
+                               for name in SERIES})

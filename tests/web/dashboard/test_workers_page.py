@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime, timedelta
+from unittest import mock
 
 import redis
 from django.conf import settings
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from stateguard_web.dashboard import chart
@@ -141,6 +144,24 @@ class SelectorTests(RedisWorld):
         assert {name: rate.total(name) for name in monitoring.SERIES} == {
             "submitted": 4, "started": 3, "succeeded": 1, "compensated": 1,
             "needs_attention": 1}
+
+
+    def test_it_reads_a_minute_that_is_over_once_per_process(self) -> None:
+        settled = monitoring._SettledMinutes()
+        with mock.patch.object(monitoring, "_settled", settled):
+            first = monitoring.throughput(10)
+            run = Run.objects.create(agent="checkout", status=Run.Status.SUCCEEDED)
+            Run.objects.filter(pk=run.pk).update(  # as if submitted 5 minutes ago, too late
+                created_at=timezone.now() - timedelta(minutes=5))
+            Run.objects.create(agent="checkout")  # this minute: read at every call
+            with CaptureQueriesContext(connection) as queries:
+                second = monitoring.throughput(10)
+        # The run moved 5 minutes back is not seen: that minute was over, and read already.
+        assert second.counts["submitted"][:-1] == first.counts["submitted"][:-1]
+        assert second.counts["submitted"][-1] >= 1
+        assert len(queries) == 3  # submitted, started, finished: since the settled minutes
+        fresh = monitoring.throughput(10, now=timezone.now())  # everything read: seen
+        assert fresh.total("submitted") > second.total("submitted")
 
 
 class ChartTests(RedisWorld):
