@@ -19,6 +19,7 @@ from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"  # local state: SQLite file, embedded Redis, beat schedule, sandbox
@@ -265,6 +266,23 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = TIME_ZONE
+# Two queues. New runs wait in Celery's default one, "celery", however many there are; what
+# keeps runs going or what a person waits for goes to "stateguard.ops": the sweeps, recovery of
+# a dead worker's runs, operators' requests, compensations' next rounds, batches and
+# notifications. Behind 3000 queued runs the sweeps' messages expired before a worker got to
+# them (they live 2 s): no dead worker's run was recovered, and an operator's "compensate" waited
+# minutes (issue 22 §6, docs/reliability.md). Every worker consumes both (they are its queues
+# unless -Q says otherwise), and Celery's Redis transport takes from them in turn, so these
+# wait for about one task, not for the backlog.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+STATEGUARD_OPS_QUEUE = "stateguard.ops"
+CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE), Queue(STATEGUARD_OPS_QUEUE))
+CELERY_TASK_ROUTES = {
+    **{f"stateguard_web.sagas.tasks.{name}": {"queue": STATEGUARD_OPS_QUEUE}
+       for name in ("run_request", "run_recover", "run_retry_compensations",
+                    "sweep_expired_leases", "batch_process", "notification_send")},
+    "stateguard_web.batches.tasks.batch_sweep": {"queue": STATEGUARD_OPS_QUEUE},
+}
 
 # Leases: a worker running a saga holds a lease of STATEGUARD_LEASE_SECONDS and renews it every
 # STATEGUARD_LEASE_RENEW_SECONDS; every STATEGUARD_SWEEP_SECONDS beat enqueues a sweep that hands
@@ -310,6 +328,16 @@ STATEGUARD_WORKERS_POLL_SECONDS = _seconds("STATEGUARD_WORKERS_POLL_SECONDS", 15
 if STATEGUARD_WORKERS_POLL_SECONDS < 1:
     raise ImproperlyConfigured("STATEGUARD_WORKERS_POLL_SECONDS must be at least 1 (every open "
                                "page asks that often).")
+# The header of every page warns when the oldest pending run has waited longer than this for
+# a worker (the queue is behind: too few workers, or stuck ones); the workers page shows the
+# queue. Seconds; at least 1.
+STATEGUARD_BACKLOG_WARN_SECONDS = _seconds("STATEGUARD_BACKLOG_WARN_SECONDS", 300.0)
+if STATEGUARD_BACKLOG_WARN_SECONDS < 1:
+    raise ImproperlyConfigured("STATEGUARD_BACKLOG_WARN_SECONDS must be at least 1.")
+# The code this deployment runs, as the workers page shows it beside each worker's (a release
+# tag, the commit a build was made from). Empty: the package's version and the checkout's
+# commit (monitoring/version.py).
+STATEGUARD_VERSION = env.str("STATEGUARD_VERSION", default="")
 
 # A compensation whose attempts in the worker are spent (a provider's outage) waits and is tried
 # again (stateguard.RetryLater): first after INITIAL seconds, then after as long as it has been

@@ -529,3 +529,72 @@ class WebhookDefaultIn(In):
 class WebhookDefaultOut(Out):
     key: str
     url: str
+
+
+# -- workers and the queue (api/workers.py) ---------------------------------------------------
+
+class HeldRunOut(Out):
+    code: uuid.UUID
+    agent: str
+    status: RunStatus
+    lease_owner: str = Field(description="the process holding the run's lease: host:pid:tag")
+
+
+class WorkerOut(Out):
+    name: str = Field(description="Celery's name of the worker (name@host)")
+    host: str
+    pid: int | None = Field(description="its main process")
+    pids: list[int] = Field(description="the processes that run its tasks (leases name them)")
+    concurrency: int | None
+    pool: str
+    version: str = Field(description="the code it runs")
+    started_at: datetime | None = Field(description="when it started, by its own clock")
+    alive: bool = Field(description="heard from in the last 60 s")
+    last_heartbeat_seconds_ago: float
+    runs: list[HeldRunOut] = Field(description="the runs its processes hold now")
+
+
+class WorkersOut(Out):
+    broker_ok: bool = Field(description="the broker answered: when it did not, nothing is "
+                                        "known of the workers and `workers` is empty")
+    version: str = Field(description="the code this web server runs")
+    alive: int = Field(description="workers heard from in the last 60 s")
+    workers: list[WorkerOut] = Field(description="the workers heard from in the last day, the "
+                                                 "latest heartbeat first")
+    unclaimed: list[HeldRunOut] = Field(description="live runs whose lease names no process "
+                                                    "of a live worker (its worker died: the "
+                                                    "sweeper hands them to recovery)")
+
+
+class OldestPendingOut(Out):
+    code: uuid.UUID
+    agent: str
+    created_at: datetime
+    waited_seconds: float
+
+
+class QueueOut(Out):
+    depth: int | None = Field(description="messages waiting in the broker's queue; null when "
+                                          "the broker did not answer")
+    pending: int = Field(description="runs pending (waiting for a worker)")
+    oldest_pending: OldestPendingOut | None
+    backlog_warn_seconds: float = Field(description="STATEGUARD_BACKLOG_WARN_SECONDS")
+    backlogged: bool = Field(description="the oldest pending run has waited longer than that")
+
+
+class MinuteOut(Out):
+    minute: datetime = Field(description="the minute's start (UTC)")
+    submitted: int
+    started: int = Field(description="runs a worker first took from the queue")
+    succeeded: int
+    compensated: int
+    needs_attention: int
+
+
+class ThroughputOut(Out):
+    minutes: list[MinuteOut] = Field(description="oldest first; the last is the current minute")
+
+
+class ThroughputFilter(Schema):
+    minutes: int = Field(60, ge=1, le=1440, description="how many minutes back, this one "
+                                                        "included")

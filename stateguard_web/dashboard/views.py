@@ -19,6 +19,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.cache import cache_control
@@ -27,7 +28,7 @@ from django.views.decorators.http import require_GET, require_POST
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.accounts.forms import LoginForm
-from stateguard_web.dashboard import pages, workers
+from stateguard_web.dashboard import chart, pages, workers
 from stateguard_web.dashboard.forms import (
     CompensateForm,
     DecisionForm,
@@ -36,6 +37,8 @@ from stateguard_web.dashboard.forms import (
     TerminateForm,
 )
 from stateguard_web.dashboard.incidents import failure_words
+from stateguard_web.monitoring import heartbeat
+from stateguard_web.monitoring import workers as monitoring
 from stateguard_web.runs import runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
 from stateguard_web.webhooks import selectors as webhooks
@@ -139,6 +142,23 @@ def workers_banner(request: HttpRequest) -> HttpResponse:
     access.check(request.user, Ability.VIEW)
     return render(request, "includes/workers.html",
                   {"workers": workers.worker_health(request.user)})
+
+
+@login_required
+def workers_page(request: HttpRequest) -> HttpResponse:
+    """The workers, the queue and the runs per minute (monitoring.workers); no action. For
+    those who see every run: it tells of everyone's."""
+    access.check(request.user, Ability.VIEW)
+    if not access.reads_all_runs(request.user):
+        raise PermissionDenied("The workers page is for those who see every run.")
+    snapshot = monitoring.snapshot()
+    return render(request, "dashboard/workers.html", {
+        "state": snapshot.workers, "queue": snapshot.queue,
+        "chart": chart.runs_per_minute(monitoring.throughput()),
+        "capacity": sum(w.info.concurrency or 0 for w in snapshot.workers.alive),
+        "alive_within": heartbeat.ALIVE_WITHIN,
+        "poll_ms": round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000),
+    })
 
 
 # -- actions ------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import redis
 from celery import Task, shared_task
 from django.conf import settings
 from django.db import connection, transaction
@@ -27,6 +28,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, fits
+from stateguard_web.runs import queue
 from stateguard_web.runs.runtime import agent_names, config_for, guard_for, has_checkpoint
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import LeaseLost
@@ -251,6 +253,40 @@ def _due(runs: QuerySet[Run], now: datetime, *, again: Q | None = None) -> list[
     return pks
 
 
+def _lost_pending(now: datetime, lease: timedelta) -> QuerySet[Run]:
+    """Pending runs whose message is gone (a broker that lost its data, a message that
+    expired), not those that wait their turn behind a backlog: submitted more than six leases
+    ago, no live worker starting them, and sent before every message that may still wait in
+    the runs' queue.
+
+    That queue is first in, first out, and only runs' messages wait in it (the rest go to the
+    ops queue, settings.py). When N messages wait there, they were sent for at most the N
+    pending runs submitted last: a run submitted before the N-th newest pending one, and not
+    handed again since, has no message left. A lease period more of margin spares the runs
+    whose message a worker has just taken and that it has not leased yet (measured: 5 in
+    10 000 otherwise). Counting each other message as a run's errs toward waiting: such a run
+    is queued again once the queue is shorter. Before this, every pending run older than six
+    leases was queued again each lease period however long the queue: a backlog of thousands
+    doubled its messages every 10 s (issue 22 §6)."""
+    old = Run.objects.filter(Q(lease_owner="") | abandoned(now), status=Run.Status.PENDING,
+                             created_at__lt=now - 6 * lease)
+    try:
+        waiting = queue.depth()
+    except redis.RedisError as exc:  # the next sweep asks again
+        logger.warning("sweep: the runs' queue's length is unknown (%r); no pending run is "
+                       "queued again this time", exc)
+        return old.none()
+    if not waiting:
+        return old
+    # The submission of the N-th newest pending run: one step along the status index.
+    nth = list(Run.objects.filter(status=Run.Status.PENDING).order_by("-created_at")
+               .values_list("created_at", flat=True)[waiting - 1:waiting])
+    if not nth:  # fewer pending runs than messages: every one may have its message there
+        return old.none()
+    cut = nth[0] - lease
+    return old.filter(created_at__lt=cut).exclude(requeued_at__gte=cut)
+
+
 def sweep_message_expiry() -> float:
     """Seconds a message queued by a sweep lives: sweeps piling up while the workers are down
     must not leave a burst of duplicates behind."""
@@ -282,8 +318,7 @@ def sweep_expired_leases() -> int:
     rounds = _due(_waiting_for_a_round(now), now, again=Q(requeued_at__lt=F("due_at")))
     for pk in rounds:
         run_retry_compensations.apply_async((pk,), expires=expires)
-    lost = _due(Run.objects.filter(status=Run.Status.PENDING, created_at__lt=now - 6 * lease),
-                now)
+    lost = _due(_lost_pending(now, lease), now)
     for pk in lost:
         run_execute.apply_async((pk,), expires=expires)
     # Requests whose message was lost (or whose worker gave up): still fitting the run, and

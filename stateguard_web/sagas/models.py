@@ -91,6 +91,10 @@ class Run(models.Model):
     # When retention (runs/retention.py) deleted the run's steps, compensations, approvals and
     # checkpoints and kept this thin row for its effects (the ledger) and its audit trail.
     purged_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # When a worker first took the run from the queue (its first status past pending): set
+    # once by a trigger, whichever write gets there (migration 0024), never changed after. The
+    # workers page's "started per minute"; created_at to started_at is the time it queued.
+    started_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -137,6 +141,9 @@ class Run(models.Model):
             # Retention of the ledger: the thin rows, oldest first.
             models.Index(fields=["created_at"], name="sagas_run_purged",
                          condition=Q(purged_at__isnull=False)),
+            # the workers page: runs started per minute over the last hour
+            models.Index(fields=["started_at"], name="sagas_run_started",
+                         condition=Q(started_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).

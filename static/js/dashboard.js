@@ -3,7 +3,8 @@
  * Live: a page listens on a websocket (consumers.py) and, when events arrive, re-reads itself
  * and swaps in the parts marked data-live-region: what a reload would show, nothing computed
  * here. A page with data-live="list" listens to every run (ws/runs/); data-live="run" to its
- * run (ws/runs/<code>/), and to every run only for the navigation's counts. After a dropped
+ * run (ws/runs/<code>/), and to every run only for the navigation's counts; data-live="workers"
+ * to every run, at most one re-read per 2 s, and on a timer (heartbeats publish nothing). After a dropped
  * connection the page reconnects with backoff and re-reads itself, so nothing is missed. The
  * only frame a page sends is a heartbeat ping: browsers do not expose websocket pings, and a
  * connection that died silently (a sleeping laptop, a proxy) would otherwise look live.
@@ -444,6 +445,14 @@
                      function () { schedule(0); });
       new LiveSocket("/ws/runs/", function () { schedule(1000); scheduleCounts(); },
                      scheduleCounts);
+    } else if (body.dataset.live === "workers") {
+      // The workers page: runs' events move its numbers (a re-read at most every 2 s, however
+      // many arrive), and workers' heartbeats publish nothing, so it re-reads on a timer too.
+      new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },
+                     function () { schedule(0); scheduleCounts(); });
+      setInterval(function () {
+        if (document.visibilityState !== "hidden") schedule(0);
+      }, Number(body.dataset.liveEvery) || WORKERS_EVERY);
     } else if (document.querySelector("[data-counts-url]")) {
       new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
     }

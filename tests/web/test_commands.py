@@ -38,11 +38,12 @@ def command(name: str, *args: str) -> str:
 def queued(test: TestCase) -> Iterator[list[dict[str, Any]]]:
     """The Celery messages sent to the broker once the block's transaction commits."""
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete("celery")  # only this block's tasks in the queue
+    queues = ("celery", settings.STATEGUARD_OPS_QUEUE)
+    broker.delete(*queues)  # only this block's tasks in the queues
     messages: list[dict[str, Any]] = []
     with test.captureOnCommitCallbacks(execute=True):
         yield messages
-    messages.extend(json.loads(m) for m in broker.lrange("celery", 0, -1))
+    messages.extend(json.loads(m) for queue in queues for m in broker.lrange(queue, 0, -1))
 
 
 class ActionTests(TestCase):

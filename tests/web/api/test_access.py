@@ -36,6 +36,13 @@ TABLE = [
      [401, 403, 403, 403, 202, 202, 401, 401]),
     ("agents", "GET", "/api/agents", None,
      [401, 200, 200, 200, 200, 200, 401, 401]),
+    # The workers and the queue tell of everyone's runs: not for a submitter.
+    ("workers", "GET", "/api/workers", None,
+     [401, 200, 403, 403, 200, 200, 401, 401]),
+    ("queue", "GET", "/api/queue", None,
+     [401, 200, 403, 403, 200, 200, 401, 401]),
+    ("throughput", "GET", "/api/queue/throughput", None,
+     [401, 200, 403, 403, 200, 200, 401, 401]),
 ]
 
 

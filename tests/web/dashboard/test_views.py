@@ -390,13 +390,13 @@ class WorkerHealthTests(DashboardWorld):
     def test_it_says_nothing_while_a_worker_beats_and_when_the_last_beat_was(self) -> None:
         heartbeat.beat(self.redis, "w1@host")  # what a worker does every 15 s
         assert self.banner(self.client_for("vera").get("/").content.decode()) == ""
-        fragment = self.client_for("vera").get("/workers")
+        fragment = self.client_for("vera").get("/workers/banner")
         assert fragment.status_code == 200 and 'id="workers-banner"' in fragment.content.decode()
         assert "data-workers-down" not in fragment.content.decode()
         # Its beat was 2 minutes ago: it died (the set's score is the Redis server's clock).
         (now, micro) = self.redis.time()
         self.redis.zadd(heartbeat.KEY, {"w1@host": now + micro / 1e6 - 120})
-        banner = self.banner(self.client_for("vera").get("/workers").content.decode())
+        banner = self.banner(self.client_for("vera").get("/workers/banner").content.decode())
         assert "(the last one 2 min ago)." in banner, banner
 
     def test_it_says_when_the_broker_does_not_answer(self) -> None:
@@ -419,8 +419,8 @@ class WorkerHealthTests(DashboardWorld):
         assert "the run waits for a worker (<span class=\"waited\"" in page
 
     def test_it_answers_the_banner_to_those_who_see_runs_only(self) -> None:
-        assert Client().get("/workers").status_code == 302
-        assert self.client_for("nobody").get("/workers").status_code == 403
+        assert Client().get("/workers/banner").status_code == 302
+        assert self.client_for("nobody").get("/workers/banner").status_code == 403
 
 
 class ButtonTests(DashboardWorld):
