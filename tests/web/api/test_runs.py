@@ -249,7 +249,8 @@ class AgentsAndSchemaTests(World):
             "/api/compensations/{id}/retry", "/api/agents",
             "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel",
             "/api/incidents",
-            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default"}
+            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default",
+            "/api/workers", "/api/queue", "/api/queue/throughput"}
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]

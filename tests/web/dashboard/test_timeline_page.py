@@ -9,9 +9,9 @@ from tests.web.dashboard.world import DashboardWorld
 
 # What the run page of a run with steps, compensations and attempts asks the database, for a
 # viewer: the session, the user, its permissions, the run, its steps, compensations, their
-# attempts, its approvals, effects, audit, the navigation's three counts. The same as before
-# the timeline: it reads nothing of its own.
-RUN_PAGE_QUERIES = 13
+# attempts, its approvals, effects, audit, its webhook's URL, the navigation's three counts.
+# The same as before the timeline: it reads nothing of its own.
+RUN_PAGE_QUERIES = 14
 
 
 class TimelinePageTests(DashboardWorld):
