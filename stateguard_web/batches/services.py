@@ -49,7 +49,8 @@ from stateguard_web.batches.worker import CHECKS, batch_counts
 from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Run
 
-FILTERS = ("status", "agent", "q", "created_after", "created_before")  # selectors.run_list's
+FILTERS = ("status", "agent", "q", "created_after", "created_before", "node",  # run_list's
+           "what")
 
 
 class BatchRefused(services.ServiceError):

@@ -171,6 +171,11 @@ class Step(models.Model):
             # it each scrape reads every step. Its cost per step is in docs/deploy.md.
             models.Index(fields=["finished_at"], name="sagas_step_finished",
                          condition=Q(finished_at__isnull=False)),
+            # An agent's map and the runs list's "stopped at" filter (runs/agent_map.py): the
+            # steps that did not succeed, by run. A step is in it from its start until it
+            # succeeds (one small index entry per step); the map never reads the others.
+            models.Index(fields=["run"], name="sagas_step_stopped",
+                         condition=Q(status__in=["started", "paused", "failed", "violated"])),
         ]
 
     def __str__(self) -> str:

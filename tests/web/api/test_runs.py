@@ -245,7 +245,8 @@ class AgentsAndSchemaTests(World):
             "/api/runs", "/api/runs/{code}", "/api/runs/{code}/approve",
             "/api/runs/{code}/reject", "/api/runs/{code}/retry", "/api/runs/{code}/compensate",
             "/api/runs/{code}/resolve", "/api/compensations/{id}/retry", "/api/agents",
-            "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel"}
+            "/api/agents/{name}/map", "/api/batches", "/api/batches/{code}",
+            "/api/batches/{code}/cancel"}
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]
