@@ -20,8 +20,9 @@ the window's total only).
 Cost: the counts are two GROUP BY queries and one count, each driven by the window's runs of
 the agent in a stopping status, which are few beside the succeeded ones (the (status,
 -created_at) index), and reading only the steps that did not succeed (``sagas_step_stopped``, a
-partial index: a step leaves it when it succeeds). Never the agent's millions of succeeded
-steps. Measured: docs/benchmarks.md (cockpit: the agent's map).
+partial index with each step's node and status: a step leaves it when it succeeds; the
+approvals' likewise, ``sagas_approval_stopped``). Never the agent's millions of succeeded
+steps. Measured: docs/benchmarks.md (the cockpit: an agent's map).
 """
 
 from __future__ import annotations
@@ -141,51 +142,58 @@ class AgentMap:
         return counts.failures / self.runs if counts and self.runs else 0.0
 
 
-def _what(stop_of: str) -> Case:
-    """Which of ``STOPS`` a row of steps or approvals (``stop_of``) puts its run in."""
-    return Case(*(When(Q(**{"run__status__in": stop.runs,
-                            "status__in": getattr(stop, stop_of)}), then=Value(what))
-                  for what, stop in STOPS.items() if getattr(stop, stop_of)),
+def _what(relation: str) -> Case:
+    """Which of ``STOPS`` a run's row of ``relation`` (its steps, or its approvals) puts it
+    in: "" for none."""
+    field = "steps" if relation == "steps" else "approvals"
+    return Case(*(When(Q(status__in=stop.runs, **{f"{relation}__status__in": getattr(stop, field)}),
+                       then=Value(what))
+                  for what, stop in STOPS.items() if getattr(stop, field)),
                 default=Value(""), output_field=CharField())
 
 
 def agent_map(*, runs: QuerySet[Run], agent: str, window: str, now: datetime) -> AgentMap:
     """The counts of ``agent``'s map over ``runs`` (the ones the reader may see) created in
-    ``window``: three queries, whatever the number of runs (see the module's docstring)."""
+    ``window``: three queries, whatever the number of runs (see the module's docstring). Each
+    GROUP BY starts from the runs (one join to their steps or approvals), so that the reader's
+    own filter of the runs (a submitter's) and the window's are one WHERE on them."""
     since = window_since(window, now=now)
     mine = runs.filter(agent=agent, created_at__gte=since)
-    stopping = mine.filter(status__in=STOPPING_RUNS).values("pk")
     found = AgentMap(agent, window, since, mine.count())
-    steps = (Step.objects.filter(run__in=stopping, status__in=STOPPING_STEPS)
-             .annotate(what=_what("steps")))
-    approvals = (Approval.objects.filter(
-        run__in=stopping, status__in={ApprovalStatus.PENDING, ApprovalStatus.REJECTED})
-        .annotate(what=_what("approvals")))
+    stopping = mine.filter(status__in=STOPPING_RUNS)
     # A gate waits before its step starts: a run's step and approval at one node never both
     # count (the sum below counts no run twice).
-    for rows in (steps, approvals):
-        grouped = (rows.exclude(what="").values("node", "what")
-                   .annotate(n=Count("run", distinct=True)).order_by())
+    for relation, statuses in (("steps", STOPPING_STEPS),
+                               ("approvals", {ApprovalStatus.PENDING, ApprovalStatus.REJECTED})):
+        grouped = (stopping.filter(**{f"{relation}__status__in": statuses})
+                   .annotate(what=_what(relation)).exclude(what="")
+                   .values(f"{relation}__node", "what")
+                   .annotate(n=Count("pk", distinct=True)).order_by())
         for row in grouped:
-            counts = found.nodes.setdefault(row["node"], NodeCounts())
+            counts = found.nodes.setdefault(row[f"{relation}__node"], NodeCounts())
             setattr(counts, row["what"], counts.of(row["what"]) + row["n"])
     return found
 
 
 def stopped_at(node: str, what: str = "") -> Q:
     """Runs that stand or stopped at ``node`` as ``what`` (a key of ``STOPS``; "" for any):
-    the runs the map counts there. For ``runs.selectors.run_list``."""
-    stops = [STOPS[what]] if what else list(STOPS.values())
+    the runs the map counts there. For ``runs.selectors.run_list``. Each test is an EXISTS on
+    the run's rows in ``sagas_step_stopped`` / ``sagas_approval_stopped`` (its id and the node:
+    an index probe), made for the few runs the statuses and the other filters leave."""
+    # The stops that look for the same rows (failed, compensated) make one test.
+    tests: dict[tuple[frozenset[str], frozenset[str]], set[str]] = {}
+    for stop in [STOPS[what]] if what else STOPS.values():
+        tests.setdefault((stop.steps, stop.approvals), set()).update(stop.runs)
     matches = Q()
-    for stop in stops:
-        at = Exists(Step.objects.filter(run=OuterRef("pk"), node=node, status__in=stop.steps))
-        if stop.approvals:
+    for (steps, approvals), statuses in tests.items():
+        at = Exists(Step.objects.filter(run=OuterRef("pk"), node=node, status__in=steps))
+        if approvals:
             at |= Exists(Approval.objects.filter(run=OuterRef("pk"), node=node,
-                                                 status__in=stop.approvals))
-        matches |= Q(status__in=stop.runs) & Q(at)
+                                                 status__in=approvals))
+        matches |= Q(status__in=statuses) & Q(at)
     # The statuses first, on their own: the (status, -created_at) index finds the few runs
     # that can match before any of their steps is read.
-    return Q(status__in=frozenset().union(*(s.runs for s in stops))) & matches
+    return Q(status__in=frozenset().union(*tests.values())) & matches
 
 
 @dataclass(frozen=True, slots=True)
