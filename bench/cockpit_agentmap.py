@@ -15,9 +15,11 @@
 2. Times each page server-side through Django's test client (every middleware, the session,
    the navigation's counts, the template), as an operator, ``--requests`` times after 3 to warm
    up: the floor (``GET /bench/floor``, a sync view returning small JSON behind the same
-   middleware: ``bench/p6_urls.py``), the travel map in each window, another agent's map, the
-   API's map, and the runs list a click on a node opens; p50/p95 of the time, the median CPU
-   time of this process (Django's own work), and the SQL statements of each (their time).
+   middleware: ``bench/p6_urls.py``), the navigation's counts (``GET /inbox/counts``: the
+   session, the user and two counts, what every page asks), the travel map in each window,
+   another agent's map, the API's map, and the runs list a click on a node opens; p50/p95 of
+   the time, the median CPU time of this process (Django's own work), and the SQL statements
+   of each (their time).
 3. Writes the plan of every statement of each page (``EXPLAIN ANALYZE``) to
    ``var/bench/cockpit_agentmap-plans.txt`` and says which read a table whole.
 4. What the map's index (``sagas_step_stopped``) costs the journal's writes: a step inserted
@@ -72,6 +74,9 @@ AGENTS = ["travel", "travel", "checkout", "checkout", "provision", "cleanup"]  #
 
 PAGES = {
     "floor (trivial view)": "/bench/floor",
+    # The least a dashboard request asks the database: the session, the user, the navigation's
+    # two counts (what the map page asks besides its own statement).
+    "navigation's counts": "/inbox/counts",
     "map travel, 1h": "/agents/travel/map?window=1h",
     "map travel, 24h": "/agents/travel/map?window=24h",
     "map travel, 7d": "/agents/travel/map?window=7d",

@@ -17,7 +17,7 @@ the same for the counts (``agent_map``) and for the runs list that a click on th
 succeeded, is pending, or was compensated by an operator with no step failing (it counts in
 the window's total only).
 
-Cost: the counts are two GROUP BY queries and one count, each driven by the window's runs of
+Cost: the counts are one statement, two GROUP BYs and a count, each driven by the window's runs of
 the agent in a stopping status, which are few beside the succeeded ones (the (status,
 -created_at) index), and reading only the steps that did not succeed (``sagas_step_stopped``, a
 partial index with each step's node and status: a step leaves it when it succeeds; the
@@ -32,7 +32,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
 
-from django.db.models import Case, CharField, Count, Exists, OuterRef, Q, QuerySet, Value, When
+from django.db.models import (
+    Case,
+    CharField,
+    Count,
+    Exists,
+    F,
+    OuterRef,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
 
 from stateguard.lifecycle import ATTENTION
 from stateguard.tools import tool_nodes, tools_of
@@ -152,26 +163,37 @@ def _what(relation: str) -> Case:
                 default=Value(""), output_field=CharField())
 
 
+_TOTAL = "runs"  # the row of the statement below that counts the window's runs
+
+
 def agent_map(*, runs: QuerySet[Run], agent: str, window: str, now: datetime) -> AgentMap:
     """The counts of ``agent``'s map over ``runs`` (the ones the reader may see) created in
-    ``window``: three queries, whatever the number of runs (see the module's docstring). Each
-    GROUP BY starts from the runs (one join to their steps or approvals), so that the reader's
-    own filter of the runs (a submitter's) and the window's are one WHERE on them."""
+    ``window``: one statement whatever the number of runs (see the module's docstring), the
+    count of the window's runs and two GROUP BYs joined by UNION ALL (a round trip each cost
+    more than its query on a busy machine: docs/benchmarks.md). Each GROUP BY starts from the
+    runs (one join to their steps or approvals), so that the reader's own filter of the runs
+    (a submitter's) and the window's are one WHERE on them."""
     since = window_since(window, now=now)
-    mine = runs.filter(agent=agent, created_at__gte=since)
-    found = AgentMap(agent, window, since, mine.count())
+    mine = runs.filter(agent=agent, created_at__gte=since).order_by()
     stopping = mine.filter(status__in=STOPPING_RUNS)
-    # A gate waits before its step starts: a run's step and approval at one node never both
-    # count (the sum below counts no run twice).
+    parts = [mine.annotate(node=Value("", output_field=CharField()),
+                           what=Value(_TOTAL, output_field=CharField()))
+             .values("node", "what").annotate(n=Count("*"))]  # the index alone
     for relation, statuses in (("steps", STOPPING_STEPS),
                                ("approvals", {ApprovalStatus.PENDING, ApprovalStatus.REJECTED})):
-        grouped = (stopping.filter(**{f"{relation}__status__in": statuses})
-                   .annotate(what=_what(relation)).exclude(what="")
-                   .values(f"{relation}__node", "what")
-                   .annotate(n=Count("pk", distinct=True)).order_by())
-        for row in grouped:
-            counts = found.nodes.setdefault(row[f"{relation}__node"], NodeCounts())
-            setattr(counts, row["what"], counts.of(row["what"]) + row["n"])
+        parts.append(stopping.filter(**{f"{relation}__status__in": statuses})
+                     .annotate(what=_what(relation), node=F(f"{relation}__node"))
+                     .exclude(what="").values("node", "what")
+                     .annotate(n=Count("pk", distinct=True)))
+    found = AgentMap(agent, window, since, 0)
+    # A gate waits before its step starts: a run's step and approval at one node never both
+    # count (the sum below counts no run twice).
+    for node, what, n in parts[0].union(*parts[1:], all=True).values_list("node", "what", "n"):
+        if what == _TOTAL:
+            found.runs = n
+            continue
+        counts = found.nodes.setdefault(node, NodeCounts())
+        setattr(counts, what, counts.of(what) + n)
     return found
 
 
