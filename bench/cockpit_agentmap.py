@@ -1,9 +1,10 @@
 """The cockpit: an agent's map (issue 23, section 3) on a big journal.
 
     .venv/bin/python bench/cockpit_agentmap.py [--runs 100000] [--steps-per-run 20]
-                                               [--requests 100] [--write-rounds 4]
+                                               [--requests 100] [--write-rounds 4] [--reuse]
 
-1. Fills its own database ``stateguard_bench_map`` (dropped, created, migrated) in a few
+1. Fills its own database ``stateguard_bench_map`` (dropped, created, migrated; with
+   ``--reuse``, kept when it holds ``--runs`` runs, aged by the time since) in a few
    statements on the server (``INSERT ... SELECT`` over ``generate_series``): ``--runs`` runs
    of four agents created over the last 10 days (so the 7-day window holds 70 % of them),
    ``--steps-per-run`` steps each (2 million by default), in the proportions a busy deployment
@@ -270,20 +271,37 @@ def write_cost(rounds: int, steps: int = 5000) -> list[tuple[float, float]]:
     return out
 
 
+def _filled(runs: int) -> bool:
+    import psycopg
+
+    try:
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}") as db:
+            return bool(db.execute("SELECT count(*) FROM sagas_run").fetchone()[0] == runs)
+    except psycopg.Error:
+        return False
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--steps-per-run", type=int, default=20)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--write-rounds", type=int, default=4)
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the database of an earlier run with as many runs")
     args = parser.parse_args()
 
-    databases.recreate(DB_NAME)
+    if not (args.reuse and _filled(args.runs)):
+        databases.recreate(DB_NAME)
     import django
 
     django.setup()
-    fill(args.runs, args.steps_per_run)
-    results = time_pages(operator(), args.requests,
+    from django.contrib.auth import get_user_model
+
+    if not get_user_model().objects.exists():
+        fill(args.runs, args.steps_per_run)
+    user = get_user_model().objects.filter(username="map-operator").first() or operator()
+    results = time_pages(user, args.requests,
                          ROOT / "var" / "bench" / "cockpit_agentmap-plans.txt")
     print(f"\n{'page':28} {'p50 ms':>8} {'p95 ms':>8} {'CPU p50':>8} {'queries':>8} "
           f"{'SQL ms':>8}")

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from stateguard_web.accounts import access
 from stateguard_web.api.schemas import Stopped, Window
+from stateguard_web.batches import services as batches
 from stateguard_web.dashboard.pages import RANGES
 from stateguard_web.runs import agent_map, selectors
 from stateguard_web.sagas.models import Approval, Run, Step
@@ -142,6 +143,12 @@ class CountsTests(MapWorld):
                                        what="failed")
         assert {r.pk for r in failed_at} == {self.runs[k].pk for k in (
             "failed", "hours_ago", "days_ago", "weeks_ago")}
+
+    def test_a_batch_over_the_narrowed_list_takes_its_runs_only(self) -> None:
+        preview = batches.batch_preview(action="retry", runs=Run.objects.all(), filters={
+            "agent": "travel", "node": "reserve_hotel", "what": "failed"})
+        assert sorted(preview["runs"]) == sorted(str(self.runs[k].code) for k in (
+            "failed", "hours_ago", "days_ago", "weeks_ago"))
 
     def test_it_lists_the_tools_under_the_tools_node(self) -> None:
         nodes = agent_map.map_nodes(self.counts())
