@@ -7,9 +7,10 @@ again by that tag: a compensation removes only what carries its own run's tag, a
 even when the step that made it died before its result was saved (the step is in doubt).
 
 The clients never retry a request on their own (``total_max_attempts=1``): an answer lost to a
-timeout is looked up by its tag (the step's next run and every compensation do), never sent
+timeout is looked up by its tag (the step's next attempt and every compensation do), never sent
 again blindly, which for a call with no idempotency token (``AllocateAddress``) would make a
-second resource.
+second resource. A step whose call failed without a verdict (``aws_unsure``) is run again
+(``AWS_STEP_RETRY``), lookup first.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError, WaiterError
+from botocore.exceptions import ConnectionError as AwsConnectionError
+from botocore.parsers import ResponseParserError
 
 from agents.registry import AgentSettings, AwsSettings
-from stateguard import ConfigurationError
+from stateguard import CompensationRetry, ConfigurationError
 
 RUN_TAG = "stateguard:run"  # the run that made the resource: its owner
 NAME_TAG = "stateguard:name"  # the name the run was asked for ("web-1")
@@ -77,5 +80,37 @@ def tag_of(resource: dict[str, Any], key: str) -> str | None:
 
 def error_code(exc: BaseException) -> str:
     """The AWS error code of a failed call ("InvalidGroup.Duplicate"), "" for any other error."""
-    return str(exc.response.get("Error", {}).get("Code", "")) if isinstance(
-        exc, ClientError) else ""
+    return error_code_of(exc.response) if isinstance(exc, ClientError) else ""
+
+
+# Error codes AWS answers when it asks a caller to slow down: nothing was done.
+_THROTTLED = frozenset({"Throttling", "ThrottlingException", "RequestLimitExceeded",
+                        "TooManyRequestsException", "PriorRequestNotComplete"})
+
+
+def aws_unsure(exc: BaseException) -> bool:
+    """Whether an AWS call failed without a verdict, so another attempt may succeed: AWS out
+    of reach, the connection cut or timed out before its answer (the request may or may not
+    have been acted on), an answer that is no AWS document (a proxy's error page), a 5xx, or
+    throttled; also a waiter stopped by one of those. Not an error AWS answered about the
+    request itself (a 4xx: a name taken, a bad AMI)."""
+    if isinstance(exc, (HTTPClientError, AwsConnectionError, ResponseParserError)):
+        return True
+    if isinstance(exc, ClientError):
+        response: Any = exc.response
+    elif isinstance(exc, WaiterError):
+        response = exc.last_response
+    else:
+        return False
+    status = (response or {}).get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+    return int(status) >= 500 or error_code_of(response) in _THROTTLED
+
+
+def error_code_of(response: Any) -> str:
+    return str(((response or {}).get("Error") or {}).get("Code", ""))
+
+
+# How a step whose AWS call failed without a verdict is run again: about 10 s of attempts, each
+# starting with the step's lookup of what an earlier attempt made (agents/provision.py).
+AWS_STEP_RETRY = CompensationRetry(attempts=6, initial=0.5, cap=4.0,
+                                   permanent=lambda exc: not aws_unsure(exc))

@@ -4,8 +4,11 @@ The seed story StateGuard exists for: if anything after the charge fails (bookin
 an operator's rejection), the charge is refunded exactly once, with an idempotency key that stays
 the same on every retry, and only after checking what Stripe already refunded.
 
-Not every error is a reason to unwind: when Stripe cannot be reached the run is held ``failed``
-(``checkout_error_policy``) so that an operator can retry it once Stripe answers again.
+Not every error is a reason to unwind: a Stripe call that did not get through is tried again
+(the SDK resends a read and the keyed customer; ``create_customer`` and ``charge_user`` run
+again, the charge after looking for itself: ``agents/stripe_support.py``), and when Stripe stays
+out of reach the run is held ``failed`` (``checkout_error_policy``) so that an operator can
+retry it once Stripe answers again.
 
 A charge whose answer was lost may have happened. So the PaymentIntent names its run in its
 metadata, and both the charge and the refund look for it before they act: a retry reuses the
@@ -31,7 +34,12 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import Field
 
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register, run_id
-from agents.stripe_support import REFUND_RETRY, stripe_client
+from agents.stripe_support import (
+    REFUND_RETRY,
+    stripe_client,
+    stripe_step_kinds,
+    stripe_unsure,
+)
 from stateguard import Compensation, Effect, ExceptionContext, record_effect
 
 
@@ -60,14 +68,12 @@ def checkout_error_policy(exc: BaseException) -> Literal["compensate", "hold"]:
     """``on_error`` for checkout: hold the run on an error that a retry may fix, unwind it on a
     business error (a declined card, a failed booking), which a retry would only repeat.
 
-    Held: Stripe was unreachable (``APIConnectionError``: the request may or may not have
-    reached it; a retry sends the same idempotency key, so Stripe answers it once), asked us to
-    slow down (``RateLimitError``: nothing was done), or failed on its side (``APIError``, a
-    5xx: the outcome is unknown, so a person looks before anything is undone; a retry within
-    Stripe's idempotency window may get the same saved answer back)."""
-    if isinstance(exc, (stripe.APIConnectionError, stripe.RateLimitError, stripe.APIError)):
-        return "hold"
-    return "compensate"
+    Held (``stripe_unsure``), once the step's own attempts are spent: Stripe was unreachable
+    (``APIConnectionError``: the request may or may not have reached it; a retry looks for the
+    charge first and sends the same idempotency key, so Stripe acts once), asked us to slow
+    down (``RateLimitError``: nothing was done), or failed on its side (``APIError``, a 5xx:
+    the outcome is unknown, so a person looks before anything is undone)."""
+    return "hold" if stripe_unsure(exc) else "compensate"
 
 
 RUN_KEY, STEP_KEY = "stateguard_run", "stateguard_step"
@@ -237,4 +243,7 @@ def spec(settings: AgentSettings) -> AgentSpec:
         approvals={"charge_user": lambda s: int(s.get("amount", 0)) > 100_00},
         # Hold on Stripe's transient errors so an operator can retry; unwind on the rest.
         on_error=guard["on_error"],
+        # Before that, its Stripe steps try again on their own while Stripe does not answer:
+        # the customer by its idempotency key, the charge after looking for it.
+        kinds=stripe_step_kinds(settings, "create_customer", "charge_user"),
         description="Charge a card with Stripe, then book the order; refund if booking fails.")

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any, Literal, TypedDict
 
@@ -60,6 +60,7 @@ from langgraph.graph import END, START, StateGraph
 from pydantic import Field
 
 from agents.aws import (
+    AWS_STEP_RETRY,
     RUN_TAG,
     TOKEN_TAG,
     aws_settings,
@@ -74,9 +75,12 @@ from stateguard import (
     Compensation,
     ConfigurationError,
     Effect,
+    EffectStatus,
     ExceptionContext,
+    Retriable,
     effect_key,
     record_effect,
+    step_effects,
 )
 
 NODES = ("create_group", "launch_instance", "attach_address", "create_record")
@@ -328,15 +332,20 @@ class Provisioner:
             for kind, value in records]})
 
     # -- compensations: each finds its resources by its run's tag, and removes those only --
-    def delete_record(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    # Each records what it finds before removing it (the step may have died before it did),
+    # then what it removed. An earlier attempt may have removed a part and lost AWS's answer:
+    # then nothing is found, and ``_removed_before`` records the removal of each part the
+    # ledger still has as applied that AWS no longer has, so the ledger says what AWS does.
+    def delete_record(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         zone_id = self._zone(create=False)
         fqdn = f"{state['name']}.{self.zone}."
-        if zone_id is None:
-            return False
-        address, owner = self._records(zone_id, fqdn)
-        if owner != owner_text(ctx.run_id):
-            return False  # never made, removed already, or another run's
         record = record_id(fqdn, ctx.run_id)
+        address, owner = self._records(zone_id, fqdn) if zone_id else (None, None)
+        if zone_id is None or owner != owner_text(ctx.run_id):
+            # Never made, removed already, or another run's: ours is not there.
+            return self._removed_before("dns_record", [], lambda _: True,
+                                        lambda r: Effect("route53", "deletion",
+                                                         f"{r} deleted", undoes=r)) or False
         _found(Effect("route53", "dns_record", record, idempotency_key=effect_key()))
         # Route 53 deletes a record only if it is exactly as given: changed meanwhile, it
         # refuses, and the attempt is retried on what is there then.
@@ -344,7 +353,7 @@ class Provisioner:
         record_effect(Effect("route53", "deletion", f"{record} deleted", undoes=record))
         return True
 
-    def release_address(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    def release_address(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         found = self.ec2.describe_addresses(Filters=tag_filters(
             run=ctx.run_id, name=state["name"]))["Addresses"]
         for address in found:
@@ -358,33 +367,40 @@ class Provisioner:
                          AllocationId=allocation)
             record_effect(Effect("ec2", "release", f"{allocation} released",
                                  undoes=allocation))
-        return bool(found)
+        alive = [a["AllocationId"] for a in found]
+        return bool(found) or self._removed_before(
+            "elastic_ip", alive, lambda a: self._gone(
+                "InvalidAllocationID.NotFound", self.ec2.describe_addresses, AllocationIds=[a]),
+            lambda a: Effect("ec2", "release", f"{a} released", undoes=a)) or False
 
-    def terminate_instance(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    def terminate_instance(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         # Ended ones too: an earlier attempt may have terminated them and died before the
         # ledger heard (AWS lists a terminated instance for about an hour).
         found = self._instances(tag_filters(run=ctx.run_id, name=state["name"]),
                                 states=ALIVE + ENDING)
-        if not found:
-            return False
         for instance in found:
             _found(Effect("ec2", "instance", instance["InstanceId"],
                           idempotency_key=tag_of(instance, TOKEN_TAG) or effect_key()))
         alive = [i["InstanceId"] for i in found if i["State"]["Name"] in ALIVE]
         if alive:
             self.ec2.terminate_instances(InstanceIds=alive)
-        for instance in found:
-            instance_id = instance["InstanceId"]
+        ids = [i["InstanceId"] for i in found]
+        for instance_id in ids:
             record_effect(Effect("ec2", "termination", f"{instance_id} terminated",
                                  undoes=instance_id))
+        before = self._removed_before(
+            "instance", ids, self._terminated,
+            lambda i: Effect("ec2", "termination", f"{i} terminated", undoes=i))
+        if not ids and not before:
+            return False
         # The group cannot be deleted while an instance in it is still shutting down.
         ending = [i["InstanceId"] for i in found if i["State"]["Name"] != "terminated"]
         if ending:
             self.ec2.get_waiter("instance_terminated").wait(InstanceIds=ending,
                                                             WaiterConfig=WAIT)
-        return True
+        return bool(ids) or before
 
-    def delete_group(self, state: dict[str, Any], ctx: ExceptionContext) -> bool:
+    def delete_group(self, state: dict[str, Any], ctx: ExceptionContext) -> bool | str:
         groups = self.ec2.describe_security_groups(Filters=[
             {"Name": "group-name", "Values": [group_name(state["name"])]},
             *tag_filters(run=ctx.run_id)])["SecurityGroups"]
@@ -395,7 +411,47 @@ class Provisioner:
                          GroupId=group["GroupId"])
             record_effect(Effect("ec2", "deletion", f"{group['GroupId']} deleted",
                                  undoes=group["GroupId"]))
-        return bool(groups)
+        alive = [g["GroupId"] for g in groups]
+        return bool(groups) or self._removed_before(
+            "security_group", alive, lambda g: self._gone(
+                "InvalidGroup.NotFound", self.ec2.describe_security_groups, GroupIds=[g]),
+            lambda g: Effect("ec2", "deletion", f"{g} deleted", undoes=g)) or False
+
+    @staticmethod
+    def _removed_before(kind: str, alive: list[str], gone: Callable[[str], bool],
+                        removal: Callable[[str], Effect]) -> str:
+        """Record the removal of each part of ``kind`` the step made that the ledger still has
+        as applied, that is not among ``alive`` (found and removed now) and that AWS no longer
+        has (``gone``): an earlier attempt removed it, and its answer was lost. What it found,
+        for the attempt's result ("" if nothing)."""
+        found = [r.effect.external_id for r in step_effects()
+                 if r.effect.kind == kind and r.status == EffectStatus.APPLIED
+                 and r.effect.external_id not in alive and gone(r.effect.external_id)]
+        for external_id in found:
+            record_effect(removal(external_id))
+        return (f"found {', '.join(found)} removed by an earlier attempt (its answer was "
+                "lost)") if found else ""
+
+    def _terminated(self, instance_id: str) -> bool:
+        """Whether the instance is shutting down or gone (its termination was asked for)."""
+        try:
+            reservations = self.ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+        except ClientError as exc:
+            if error_code(exc) == "InvalidInstanceID.NotFound":
+                return True
+            raise
+        return all(i["State"]["Name"] not in ALIVE for r in reservations for i in r["Instances"])
+
+    @staticmethod
+    def _gone(not_found: str, describe: Any, **ids: Any) -> bool:
+        """Whether ``describe(**ids)`` says the thing is not there (AWS's ``not_found``)."""
+        try:
+            describe(**ids)
+        except ClientError as exc:
+            if error_code(exc) == not_found:
+                return True
+            raise
+        return False
 
     def build(self) -> StateGraph[Any, Any, Any, Any]:
         builder: StateGraph[Any, Any, Any, Any] = StateGraph(ProvisionState)
@@ -461,6 +517,9 @@ def spec(settings: AgentSettings) -> AgentSpec:
     return AgentSpec(
         name="provision", build=agent.build, input_schema=ProvisionInput,
         invariants=(record_names_the_address,), on_error=provision_error_policy,
+        # A step whose AWS call failed without a verdict runs again: it finds what its earlier
+        # attempt made (by the step's token or its run's tag) before it makes anything.
+        kinds={node: Retriable(AWS_STEP_RETRY) for node in NODES},
         compensations={
             "create_group": Compensation(agent.delete_group, in_doubt_safe=True),
             "launch_instance": Compensation(agent.terminate_instance, in_doubt_safe=True),

@@ -64,6 +64,11 @@ class AgentSettings:
     stripe_api_key: str = field(repr=False)
     stripe_api_base: str
     sandbox_dir: Path
+    # How often a Stripe call that did not get through is tried again, and how long one waits
+    # for Stripe's answer (STRIPE_MAX_NETWORK_RETRIES, STRIPE_TIMEOUT_SECONDS; agents/
+    # stripe_support.py). A script's or a test's own settings send each call once.
+    stripe_max_network_retries: int = 0
+    stripe_timeout: float = 30.0
     mail: MailSettings | None = None  # the SMTP server (agents.mail)
     aws: AwsSettings | None = None  # the AWS API (agents.aws)
     # Agent name -> the options the deployment gives it (STATEGUARD_AGENT_OPTIONS): the

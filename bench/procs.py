@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,6 +74,17 @@ class Worker:
         if self.proc is not None and self.proc.poll() is None:
             self.kill(signal.SIGTERM)
 
+
+
+def stop(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, and SIGKILL if it has not ended 10 s later (a loaded machine: a report is not
+    lost for it)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def start_localstripe(log_dir: Path) -> tuple[subprocess.Popen[str], str]:

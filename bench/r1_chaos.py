@@ -44,11 +44,8 @@ import os
 import random
 import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -67,16 +64,13 @@ os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DEBUG="false",
 sys.path.insert(0, str(ROOT))
 
 from bench import databases  # noqa: E402
-from bench.procs import Worker, start_localstripe  # noqa: E402
-from tests.core.lossy_relay import LossyRelay, _read_message  # noqa: E402
+from bench.fault_relay import FaultRelay, share_of  # noqa: E402
+from bench.procs import Worker, start_localstripe, stop  # noqa: E402
 
 DONE = ("succeeded", "compensated", "needs_attention")
-_ERROR = b'{"error": {"type": "api_error", "message": "injected by the chaos relay"}}'
-FAILED = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\n"
-          b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(_ERROR), _ERROR))
 
 
-class ChaosRelay(LossyRelay):
+class ChaosRelay(FaultRelay):
     """Forwards every request to localstripe, ``latency`` seconds later (half on the way there,
     half on the way back: Stripe's own answers take a few hundred ms, localstripe's a few, and
     the windows a kill can hit are these); fails a share ``rate`` of ``POST /v1/refunds``, drawn
@@ -85,40 +79,9 @@ class ChaosRelay(LossyRelay):
 
     def __init__(self, target: str, rate: float, mode: str, rng: random.Random,
                  latency: float) -> None:
-        self.rate, self.mode, self.rng, self.latency = rate, mode, rng, latency
-        self.counts: Counter[str] = Counter()
-        self.lock = threading.Lock()
-        super().__init__(target)
-
-    def _fails(self, request: bytes) -> bool:
-        line = request.split(b"\r\n", 1)[0].decode(errors="replace")
-        method, _, path = line.partition(" ")
-        # /v1/charges/ch_123 -> /v1/charges/{id}
-        path = "/".join("{id}" if re.fullmatch(r"[a-z]+_(?=.*[A-Z0-9])[A-Za-z0-9]+", part)
-                        else part for part in path.split(" ")[0].split("?")[0].split("/"))
-        kind = f"{method} {path}"
-        with self.lock:
-            self.counts[kind] += 1
-            fail = kind == "POST /v1/refunds" and self.rng.random() < self.rate
-            if fail:
-                self.counts[f"{kind} failed ({self.mode})"] += 1
-        return fail
-
-    def _serve(self, client: socket.socket) -> None:
-        with client, contextlib.suppress(OSError):
-            while request := _read_message(client):
-                fail = self._fails(request)
-                if fail and self.mode == "500":
-                    client.sendall(FAILED)
-                    return
-                time.sleep(self.latency / 2)
-                with socket.create_connection(self.target) as upstream:
-                    upstream.sendall(request)
-                    answer = _read_message(upstream)
-                time.sleep(self.latency / 2)
-                if fail:
-                    return  # Stripe acted; the answer is lost on the way back
-                client.sendall(answer)
+        fault = {"500": "500", "lost": "cut"}[mode]
+        choose = share_of(rate, rng, (fault,), (), only=lambda kind: kind == "POST /v1/refunds")
+        super().__init__(target, choose, latency=latency)
 
 
 @dataclass
@@ -207,12 +170,7 @@ def main() -> None:
         for w in [*workers, beat]:
             w.stop()
         relay.close()
-        ls_proc.terminate()
-        try:
-            ls_proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # a loaded machine: don't lose the report for it
-            ls_proc.kill()
-            ls_proc.wait()
+        stop(ls_proc)
     (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     bad = print_report(report)
     print(f"logs and report.json in {log_dir}")
@@ -291,14 +249,7 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
     chaos_took = time.monotonic() - start
     print(f"submitted {len(codes)} runs, {len(kills)} kills in {chaos_took:.0f} s; waiting "
           f"for every run to end (at most {args.deadline:.0f} s)", flush=True)
-    batch = Run.objects.filter(code__in=list(codes))
-    deadline, last_print = time.monotonic() + args.deadline, 0.0
-    while (left := batch.exclude(status__in=DONE).count()) and time.monotonic() < deadline:
-        restart(workers, time.monotonic())
-        if time.monotonic() - last_print > 15:
-            print(f"  {time.monotonic() - start:6.0f} s: {left} runs not finished", flush=True)
-            last_print = time.monotonic()
-        time.sleep(1)
+    settle(list(codes), workers, start, args.deadline)
     return {"seed": args.seed, "runs": args.runs, "workers": args.workers,
             "concurrency": args.concurrency, "lease": lease,
             "on_crash": args.on_crash or "unwind", "refund_failures": args.refund_failures,
@@ -308,6 +259,25 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
             "starts": {w.name: w.starts for w in workers},
             "exits not ours": {w.name: w.exits for w in [*workers, beat] if w.exits},
             "codes": codes, "kill log": kills}
+
+
+def settle(codes: list[str], workers: list[Worker], start: float, deadline: float,
+           settled: tuple[str, ...] = DONE) -> None:
+    """Wait until every run of ``codes`` is in one of the ``settled`` statuses, at most
+    ``deadline`` seconds, restarting the workers that exit meanwhile; say every 15 s how many
+    are not, and where they are (``start``: when the first was submitted)."""
+    from stateguard_web.sagas.models import Run
+
+    left = Run.objects.filter(code__in=codes).exclude(status__in=settled)
+    until, last_print = time.monotonic() + deadline, 0.0
+    while left.exists() and time.monotonic() < until:
+        restart(workers, time.monotonic())
+        if time.monotonic() - last_print > 15:
+            where = Counter(left.values_list("status", flat=True))
+            print(f"  {time.monotonic() - start:6.0f} s: {sum(where.values())} runs not "
+                  f"{'/'.join(settled)} {dict(where)}", flush=True)
+            last_print = time.monotonic()
+        time.sleep(1)
 
 
 def restart(workers: list[Worker], now: float) -> None:

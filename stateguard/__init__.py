@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         EffectStatus,
         effect_key,
         record_effect,
+        step_effects,
     )
     from stateguard.events import Event
     from stateguard.exceptions import (
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
         LeaseLost,
         RunLocked,
         RunNotFound,
+        RunTerminated,
         SagaAborted,
         StateGuardError,
         ToolCallFailed,
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from stateguard.retry import CompensationRetry, RetryLater
     from stateguard.spec import Compensation, Invariant
     from stateguard.sqlite_journal import SqliteJournal
+    from stateguard.stops import StopRequest
     from stateguard.sweep import SweepReport
     from stateguard.tool_calls import ToolCall, tool_calls
 
@@ -89,6 +92,7 @@ _WHERE = {
     "RetryLater": "stateguard.retry",
     "RunLocked": "stateguard.exceptions",
     "RunNotFound": "stateguard.exceptions",
+    "RunTerminated": "stateguard.exceptions",
     "RunStatus": "stateguard.records",
     "RunView": "stateguard.records",
     "SagaAborted": "stateguard.exceptions",
@@ -98,11 +102,13 @@ _WHERE = {
     "StateGuardError": "stateguard.exceptions",
     "StepKind": "stateguard.kinds",
     "StepStatus": "stateguard.records",
+    "StopRequest": "stateguard.stops",
     "ToolCall": "stateguard.tool_calls",
     "ToolCallFailed": "stateguard.exceptions",
     "UnwindReport": "stateguard.report",
     "effect_key": "stateguard.effects",
     "record_effect": "stateguard.effects",
+    "step_effects": "stateguard.effects",
     "tool_calls": "stateguard.tool_calls",
 }
 __all__ = [
@@ -134,6 +140,7 @@ __all__ = [
     "RunLocked",
     "RunNotFound",
     "RunStatus",
+    "RunTerminated",
     "RunView",
     "SagaAborted",
     "SqliteJournal",
@@ -141,12 +148,14 @@ __all__ = [
     "StateGuardError",
     "StepKind",
     "StepStatus",
+    "StopRequest",
     "SweepReport",
     "ToolCall",
     "ToolCallFailed",
     "UnwindReport",
     "effect_key",
     "record_effect",
+    "step_effects",
     "tool_calls",
 ]
 

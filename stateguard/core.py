@@ -21,10 +21,11 @@ from stateguard.exceptions import (
     ConfigurationError,
     InvariantViolation,
     RunLocked,
+    RunTerminated,
 )
 from stateguard.faults import FaultHook
 from stateguard.history import Histories
-from stateguard.journal import InMemoryJournal, Journal, turn_steps
+from stateguard.journal import InMemoryJournal, Journal, StopJournal, turn_steps
 from stateguard.kinds import build_kinds, check_step_retry, held_reason
 from stateguard.records import ApprovalStatus, ErrorInfo, RunStatus
 from stateguard.report import UnwindReport
@@ -35,6 +36,7 @@ from stateguard.spec import (
     build_compensations,
     build_invariants,
 )
+from stateguard.stops import StopRequest, Stops
 from stateguard.tool_policy import build_tool_error_policy
 from stateguard.unwind import Cause, aunwind, unwind
 
@@ -93,6 +95,8 @@ class GuardCore:
         self._beat: threading.Thread | None = None
         # The message histories journaled for the runs this process holds (stateguard.history).
         self.histories = Histories()
+        # Operators' requests to stop the runs this process holds (stateguard.stops).
+        self.stops = Stops()
 
     # -- leases ------------------------------------------------------------------------------
     @contextmanager
@@ -136,12 +140,14 @@ class GuardCore:
                                               name="stateguard-lease-heartbeat")
                 self._beat.start()
         try:
+            self.poll_stop(run_id)  # asked while no one held it, or while its process died
             yield owner
         finally:
             self.histories.release(run_id)
             with self._renewing:
                 self._held.pop(run_id, None)
                 self._lost.discard(run_id)  # nothing to remember once we let go
+                self.stops.forget(run_id)  # the journal still has it, if not carried out
                 self.journal.lock_release(run_id, owner)
 
     def _heartbeat(self) -> None:
@@ -156,6 +162,11 @@ class GuardCore:
                         self._renew(run_id, owner)
                     except Exception:  # the journal is down: try again next beat
                         logger.exception("renewing the lease of run %s failed", run_id)
+                for run_id in list(self._held):
+                    try:
+                        self.poll_stop(run_id)
+                    except Exception:
+                        logger.exception("asking whether run %s is to stop failed", run_id)
         except BaseException:
             logger.exception("the lease heartbeat stopped; the next lease restarts it")
             raise
@@ -186,6 +197,50 @@ class GuardCore:
         if run_id in self._lost:
             raise RunLocked(run_id)
 
+    # -- stops (stateguard.stops) ------------------------------------------------------------
+    def poll_stop(self, run_id: str) -> None:
+        """Ask the journal whether an operator asked the run to stop (``StopJournal``)."""
+        if run_id in self._held and self.stops.get(run_id) is None and isinstance(
+                self.journal, StopJournal):
+            stop = self.journal.run_stop_requested(run_id)
+            if stop is not None:
+                logger.info("run %s is to stop: %s", run_id, stop.describe())
+                self.stops.ask(run_id, stop)
+
+    def ask_stop(self, run_id: str, stop: StopRequest) -> bool:
+        """Ask the run to stop at its next step boundary, if this process holds it (a thread
+        of it runs the run); ``False`` if it does not."""
+        with self._renewing:  # the lease is not let go of meanwhile
+            if run_id not in self._held:
+                return False
+            self.stops.ask(run_id, stop)
+            return True
+
+    def check_stop(self, run_id: str, node: str | None = None) -> None:
+        """At a step boundary (before ``node``): raise ``RunTerminated`` if the run was asked
+        to stop."""
+        stop = self.stops.get(run_id)
+        if stop is not None:
+            raise RunTerminated(run_id, stop, node=node)
+
+    def stopped(self, run_id: str, stop: StopRequest) -> None:
+        """``stop`` was carried out: tell the journal (the run's status as it is now), then
+        forget it (in that order: the heartbeat would find it in the journal again)."""
+        run = self.journal.run_get(run_id)
+        status = run.status if run is not None else RunStatus.NEEDS_ATTENTION
+        if isinstance(self.journal, StopJournal):
+            self.journal.run_stop_done(run_id, stop, status)
+        self.stops.forget(run_id)
+        emit(self.on_event, Event("run.terminated", run_id, data={
+            "then": stop.then, "by": stop.by, "reason": stop.reason, "status": str(status)}))
+
+    def hold(self, run_id: str, cause: Cause, why: str) -> UnwindReport:
+        """Hold the run ``needs_attention`` with ``cause``'s error: nothing is undone."""
+        self.journal.run_set_status(run_id, RunStatus.NEEDS_ATTENTION, cause.error)
+        emit(self.on_event, Event("run.status", run_id, data={
+            "status": str(RunStatus.NEEDS_ATTENTION), "reason": why}))
+        return UnwindReport(run_id, cause.reason, held=why)
+
     # -- run status -------------------------------------------------------------------------
     def set_status(self, run_id: str, status: RunStatus, error: ErrorInfo | None = None) -> None:
         self.journal.run_set_status(run_id, status, error)
@@ -203,6 +258,9 @@ class GuardCore:
                          exception=exc)
         if exc is None:
             return Cause(reason or "operator", failed_node)
+        if isinstance(exc, RunTerminated):
+            return Cause(reason or "terminated", exc.node or failed_node, exc.stop.error(),
+                         exception=exc)
         node = getattr(exc, "stateguard_node", None) or failed_node
         return Cause(reason or "error", node, ErrorInfo.from_exception(exc), exception=exc)
 

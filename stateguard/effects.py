@@ -37,7 +37,7 @@ from typing import Any, Protocol, runtime_checkable
 from stateguard.exceptions import ConfigurationError
 
 __all__ = ["Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key",
-           "record_effect"]
+           "record_effect", "step_effects"]
 
 
 class EffectStatus(StrEnum):
@@ -146,6 +146,24 @@ def record_effect(effect: Effect) -> EffectRecord:
         raise ConfigurationError(f"record_effect() takes an Effect, not {effect!r}")
     return scope.ledger.effect_record(EffectRecord(scope.run_id, scope.step_id, scope.node,
                                                    effect))
+
+
+def step_effects() -> list[EffectRecord]:
+    """What the ledger holds of the step running now, or, called in a compensation, of the step
+    being compensated: its effects and those that undo them, with their statuses.
+
+    For a compensation whose earlier attempt may have undone an effect and lost the answer,
+    where the provider keeps no trace of what it removed (a released address, a deleted
+    group): an effect the ledger still calls ``applied`` that the provider no longer has was
+    undone, and the compensation records that it was (``record_effect``), so the ledger says
+    what the provider does.
+
+    Empty where no ledger is at hand: outside a step StateGuard runs (a compensation called by
+    hand), or with a journal that keeps no effects."""
+    scope = _scope.get()
+    if scope is None or not isinstance(scope.ledger, EffectLedger):
+        return []
+    return [r for r in scope.ledger.effects(scope.run_id) if r.step_id == scope.step_id]
 
 
 def effect_key(*, run_id: str | None = None, step_id: str | None = None) -> str:

@@ -21,6 +21,7 @@ EventType = Literal[
     "compensation.attempt", "compensation.succeeded", "compensation.failed",
     "compensation.waiting",
     "approval.requested", "approval.decided", "run.status",
+    "run.terminated",  # an operator's stop carried out (stateguard.stops): unwound or held
 ]
 
 

@@ -13,6 +13,7 @@ The tree::
     ├── InvariantViolation (RuntimeError) an invariant failed after (or before) a node
     ├── ApprovalRejected (RuntimeError)   an operator rejected a gated step
     ├── ToolCallFailed (RuntimeError)     a tool error the model was told of unwinds the run
+    ├── RunTerminated (RuntimeError)      an operator stopped the run (``guard.terminate``)
     ├── CompensationFailed                a compensation failed on every attempt
     └── SagaAborted (RuntimeError)        the run stopped and was unwound; carries the report
 
@@ -105,6 +106,27 @@ class ToolCallFailed(StateGuardError, RuntimeError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.tool, self.tool_call_id, self.message))
+
+
+class RunTerminated(StateGuardError, RuntimeError):
+    """An operator asked the run to stop (``guard.terminate``): raised at its next step
+    boundary, in the run's own thread, so that the guard unwinds or holds it as asked. The
+    caller of ``invoke`` gets ``SagaAborted`` with this as its ``cause``; ``stop`` is the
+    ``stateguard.stops.StopRequest``."""
+
+    def __init__(self, run_id: str, stop: Any, *, node: str | None = None) -> None:
+        self.run_id = run_id
+        self.stop = stop
+        self.node = node
+        before = f" before {node!r}" if node else ""
+        super().__init__(f"run {run_id!r} stopped{before}: {stop.describe()}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_terminated, (self.run_id, self.stop, self.node))
+
+
+def _terminated(run_id: str, stop: Any, node: str | None) -> RunTerminated:
+    return RunTerminated(run_id, stop, node=node)
 
 
 class CompensationFailed(StateGuardError):

@@ -265,6 +265,7 @@ class _TaskStep:
     def _start(self) -> None:
         core = self.core
         core.check_lease(self.run_id)
+        core.check_stop(self.run_id, self.name)
         with from_the_store():
             _, previous = core.journal.step_start(self.run_id, self.step_id, self.name,
                                                   self.tags, **kind_keywords(self.kind))

@@ -186,8 +186,9 @@ class _NodeWrapper:
     def _before(self, state: Any, config: RunnableConfig) -> tuple[str, str, dict[str, Any]]:
         conf = config.get("configurable", {})
         run_id, step_id = str(conf["thread_id"]), str(conf[_TASK_ID_KEY])
-        values = _graph_state(state, conf)
         core = self.core
+        core.check_stop(run_id, self.name)  # a step boundary: before the gate, too
+        values = _graph_state(state, conf)
         if self.approval is not False:
             self._gate(run_id, step_id, values)
         found = core.spec.first_violation(values)
@@ -208,6 +209,7 @@ class _NodeWrapper:
         """Journal the step as started (again, for each attempt of a retriable step)."""
         core = self.core
         core.check_lease(run_id)
+        core.check_stop(run_id, self.name)  # a retriable step's next attempt, too
         core.histories.restart(run_id, step_id)
         with from_the_store():
             _, previous = core.journal.step_start(run_id, step_id, self.name, self.tags,

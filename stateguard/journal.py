@@ -39,6 +39,7 @@ from stateguard.records import (
     StepRecord,
     StepStatus,
 )
+from stateguard.stops import StopRequest
 
 
 @runtime_checkable
@@ -155,6 +156,21 @@ class AbandonedRunsJournal(Protocol):
 
     def runs_abandoned(self, *, idle: float, limit: int) -> list[RunRecord]:
         """At most ``limit`` abandoned runs, longest abandoned first."""
+
+
+@runtime_checkable
+class StopJournal(Protocol):
+    """A journal that carries operators' requests to stop a run to the process running it
+    (optional: the web app's does; ``stateguard.stops``). The guard asks it right after it
+    takes a run's lease and at each heartbeat of the lease, and tells it when it has carried a
+    request out. A journal may answer the first from what the statement that took the lease
+    read (the web app's does: no round trip more per run)."""
+
+    def run_stop_requested(self, run_id: str) -> StopRequest | None:
+        """The stop asked of the run and not carried out yet, if any."""
+
+    def run_stop_done(self, run_id: str, stop: StopRequest, status: RunStatus) -> None:
+        """``stop`` was carried out: the run is ``status`` now (unwound, or held); forget it."""
 
 
 def find_step(journal: Journal, run_id: str, step_id: str) -> StepRecord | None:

@@ -22,6 +22,8 @@ known, so not from ``needs_attention``).
 The statuses::
 
     pending ──start──> running ──> succeeded ─────────────────────┐
+       │                  ├─terminate─> compensating | needs_attention (unwound, or held)
+       └─terminate─> compensated | needs_attention (nothing ran)
                           │ ├──> paused ──approve──> running      │ compensate
                           │ │      └──reject──> compensating      │
                           │ └──> failed ──retry──> running        │
@@ -62,6 +64,9 @@ class Action(StrEnum):
     RESOLVE = "resolve"  # an operator undid by hand what the compensations could not
     RETRY_COMPENSATION = "retry_compensation"  # run one failed compensation again
     RECOVER = "recover"  # another worker takes over a run whose worker died
+    # An operator's "stop it now": the run stops at its next step boundary (stateguard.stops)
+    # and is unwound or held, as the operator chose; a pending run never starts.
+    TERMINATE = "terminate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +130,11 @@ TRANSITIONS: dict[Action, Transition] = {
         "a run that needs attention, or whose compensation waits, has one to retry"),
     Action.RECOVER: Transition(frozenset({S.RUNNING, S.COMPENSATING}), None,
                                "a running or compensating run whose worker died is recovered"),
+    # Unwinds when the operator chooses so (then the pivot is asked); holding it never does.
+    # Not a paused or failed run: it is stopped already (compensate it, or reject its gate).
+    Action.TERMINATE: Transition(frozenset({S.PENDING, S.RUNNING}), None,
+                                 "a pending or running run is terminated (compensate a paused "
+                                 "or failed one)", unwinds=True),
 }
 
 # Statuses a run leaves only by an operator's action (or never).
@@ -150,7 +160,7 @@ NEXT_TURN = FINISHED
 # journal refuses any other (``check_change``): a status written by mistake would hide a run
 # from the worker, or the operator, it needs.
 CHANGES: dict[RunStatus, frozenset[RunStatus]] = {
-    S.PENDING: frozenset({S.RUNNING, S.NEEDS_ATTENTION}),
+    S.PENDING: frozenset({S.RUNNING, S.NEEDS_ATTENTION, S.COMPENSATED}),  # or terminated
     S.RUNNING: frozenset({S.PAUSED, S.FAILED, S.SUCCEEDED, S.COMPENSATING, S.PENDING,
                           S.NEEDS_ATTENTION}),
     S.PAUSED: frozenset({S.RUNNING, S.COMPENSATING}),
@@ -174,7 +184,8 @@ def check_change(old: RunStatus | str, new: RunStatus | str, *, run: str = "") -
 
 # What an operator asks of a worker; one such request at a time per run.
 REQUESTS = frozenset({Action.APPROVE, Action.REJECT, Action.RETRY, Action.RETRY_FROM,
-                      Action.COMPENSATE, Action.RESOLVE, Action.RETRY_COMPENSATION})
+                      Action.COMPENSATE, Action.RESOLVE, Action.RETRY_COMPENSATION,
+                      Action.TERMINATE})
 
 
 def refusal(action: Action, status: RunStatus | str, *, run: str = "",
@@ -212,6 +223,11 @@ def refusal(action: Action, status: RunStatus | str, *, run: str = "",
 
 
 def _past_pivot(name: str, action: Action, pivot: Pivot) -> str:
+    if action == Action.TERMINATE:
+        where = ("stopped inside its pivot {!r}: whether it happened is unknown" if
+                 pivot.in_doubt else "passed its pivot {!r} (the point of no return)")
+        return (f"{name}{where.format(pivot.node)}, so unwinding it would undo half a saga; "
+                "terminate it and hold it instead")
     if action == Action.RETRY_FROM:
         what, then = (("stopped inside", "check the pivot's effect and resolve the run by "
                        "hand") if pivot.in_doubt else

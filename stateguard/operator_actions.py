@@ -1,5 +1,6 @@
 """What an operator (or a recovery worker) does to a run: approve or reject its gate, retry it,
-compensate it, retry one compensation, resolve it by hand, recover it after a crash.
+compensate it, retry one compensation, resolve it by hand, terminate it, recover it after a
+crash.
 
 Each takes the run's lease and checks the action against the run's status under it
 (``stateguard.lifecycle``), so a run settled by someone else meanwhile is refused
@@ -10,7 +11,8 @@ an event loop, whose saver may be async only; ``recover`` is sync (recovery work
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from langchain_core.runnables import RunnableConfig
@@ -22,6 +24,7 @@ from stateguard.exceptions import (
     ApprovalRejected,
     ConfigurationError,
     InvalidRunState,
+    RunTerminated,
     SagaAborted,
 )
 from stateguard.instrument import node_tags
@@ -56,6 +59,7 @@ from stateguard.runner import (
     values_of,
 )
 from stateguard.state import state_values
+from stateguard.stops import StopRequest, Then
 from stateguard.streaming import GuardStreaming
 from stateguard.unwind import Cause
 
@@ -413,6 +417,67 @@ class GuardOperations(GuardStreaming):
         # Journal calls only: nothing here waits on the graph's saver.
         self.resolve(graph, config, note=note, by=by)
 
+    # -- terminate (stateguard.stops) ---------------------------------------------------------
+    def terminate(self, graph: Graph, config: RunnableConfig, *, then: Then = "unwind",
+                  by: str | None = None, reason: str = "", request_id: str | None = None
+                  ) -> UnwindReport | None:
+        """Stop the run now, then unwind it (its compensations, newest first, ``ctx.reason ==
+        "terminated"``) or hold it ``needs_attention`` with ``reason`` (``then="hold"``).
+
+        A run a thread of this process is running stops at its next step boundary (an async
+        one at once, its step in doubt): its ``invoke`` raises ``SagaAborted`` with
+        ``RunTerminated`` as the cause, and this returns ``None``. Otherwise this takes the
+        run's lease (``RunLocked`` if another process holds it: ask through its journal,
+        ``StopJournal``, instead) and carries it out: a pending run never starts (nothing to
+        undo: it ends compensated, or held); a running run whose process died, or that was
+        cancelled, is unwound or held as recovery would. Refused (``InvalidRunState``) for a
+        run in any other status, and, to unwind, for one past its pivot (half a saga: hold
+        it instead). ``request_id`` names the request for a journal that keeps it."""
+        stop = StopRequest(then, by, reason, **({"id": request_id} if request_id else {}))
+        with self._terminating(graph, config, stop) as run_id:
+            if not isinstance(run_id, str):
+                return run_id  # asked of this process's thread, or a pending run settled
+            self._reconcile(graph, graph.get_state(config), run_id)
+            return self.terminated(graph, config, RunTerminated(run_id, stop))
+
+    async def aterminate(self, graph: Graph, config: RunnableConfig, *, then: Then = "unwind",
+                         by: str | None = None, reason: str = "",
+                         request_id: str | None = None) -> UnwindReport | None:
+        stop = StopRequest(then, by, reason, **({"id": request_id} if request_id else {}))
+        with self._terminating(graph, config, stop) as run_id:
+            if not isinstance(run_id, str):
+                return run_id
+            self._reconcile(graph, await graph.aget_state(config), run_id)
+            return await self.aterminated(graph, config, RunTerminated(run_id, stop))
+
+    @contextmanager
+    def _terminating(self, graph: Graph, config: RunnableConfig, stop: StopRequest
+                     ) -> Iterator[str | UnwindReport | None]:
+        """What ``terminate`` does but for a running run: ``None`` when a thread of this
+        process runs the run (asked to stop); else, under the run's lease, the rule, and the
+        report of a pending run settled, or the run's id (a running run: the caller stops it,
+        the lease held)."""
+        run_id = self._known_run(graph, config)
+        if self.core.ask_stop(run_id, stop):
+            yield None
+            return
+        with self.core.lease(run_id):
+            status = self._run_record(run_id).status
+            check(Action.TERMINATE, status, run=run_id,
+                  pivot=self._pivot(run_id) if stop.then == "unwind" else None)
+            yield self._terminate_pending(run_id, stop) if status == RunStatus.PENDING else run_id
+
+    def _terminate_pending(self, run_id: str, stop: StopRequest) -> UnwindReport:
+        """A run that never started: nothing ran, so nothing is undone."""
+        if stop.then == "hold":
+            report = self.core.hold(run_id, self.core.cause_of(RunTerminated(run_id, stop)),
+                                    stop.describe())
+        else:
+            self.core.set_status(run_id, RunStatus.COMPENSATED, stop.error())
+            report = UnwindReport(run_id, "terminated")
+        self.core.stopped(run_id, stop)
+        return report
+
     # -- crash recovery -----------------------------------------------------------------------
     def _reconcile(self, graph: Graph, snapshot: Any, run_id: str) -> list[StepRecord]:
         """Make the journal's steps agree with the last checkpoint (``snapshot``), and return
@@ -478,6 +543,9 @@ class GuardOperations(GuardStreaming):
         # Against the checkpoint the dead process left: _finished may write the next one,
         # whose new tasks never started.
         self._reconcile(graph, graph.get_state(config), run_id)
+        stop = self._stop_asked(run)
+        if stop is not None:  # an operator asked it to stop before its process died
+            return self.terminated(graph, config, RunTerminated(run_id, stop))
         passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
         if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
             # Died inside its pivot: neither unwinding nor running it again is safe.
@@ -491,7 +559,10 @@ class GuardOperations(GuardStreaming):
             # It died after pausing at a gate, before saying so: it waits for a decision.
             self.core.set_status(run_id, RunStatus.PAUSED)
             return None
-        return self._compensate(graph, config, run_id, *self._unwind_of(run), reconcile=False)
+        by, cause = self._unwind_of(run)
+        report = self._compensate(graph, config, run_id, by, cause, reconcile=False)
+        self._unwound_for_stop(run_id, cause)
+        return report
 
     async def arecover(self, graph: Graph, config: RunnableConfig, *, resume: bool = False
                        ) -> Any:
@@ -506,6 +577,9 @@ class GuardOperations(GuardStreaming):
         run_id = run.run_id
         check(Action.RECOVER, run.status, run=run_id)
         self._reconcile(graph, await graph.aget_state(config), run_id)
+        stop = self._stop_asked(run)
+        if stop is not None:
+            return await self.aterminated(graph, config, RunTerminated(run_id, stop))
         passed, in_pivot = pivot_of(turn_steps(self.core.journal, run_id))
         if run.status == RunStatus.RUNNING and in_pivot is not None and passed is None:
             return self.core.held_past_pivot(run_id, Cause("crash", in_pivot.node))
@@ -522,16 +596,35 @@ class GuardOperations(GuardStreaming):
         report = await self.core.aunwind(run_id, cause, triggered_by=by, include_in_doubt=True,
                                          fallback_state=state_values(snapshot.values))
         await aanswer_tool_calls(graph, config, cause, report)
+        self._unwound_for_stop(run_id, cause)
         return report
+
+    def _stop_asked(self, run: RunRecord) -> StopRequest | None:
+        """The stop an operator asked of a running run (``stateguard.stops``), which recovery
+        carries out instead of its own policy: unwound, or held, as they chose (even with
+        ``resume``: they asked it to stop). A compensating run whose process died while it
+        unwound it is unwound on (``_unwind_of``): that was the stop's unwind."""
+        if run.status != RunStatus.RUNNING:
+            return None
+        return self.core.stops.get(run.run_id)
 
     def _unwind_of(self, run: RunRecord) -> tuple[str, Cause]:
         """Who unwinds a recovered run, and why: the next round of compensations that wait
-        (``RetryLater``), else the crash."""
+        (``RetryLater``), else an operator's stop whose unwind a crash cut short, else the
+        crash."""
         waiting = any(c.status == CompensationStatus.WAITING
                       for c in self.core.journal.compensations(run.run_id))
         if waiting:
             return "retry", Cause("retry", error=run.error)
+        stop = self.core.stops.get(run.run_id)
+        if stop is not None:
+            return stop.by or "operator", self.core.cause_of(RunTerminated(run.run_id, stop))
         return "recovery", Cause("crash")
+
+    def _unwound_for_stop(self, run_id: str, cause: Cause) -> None:
+        stop = self.core.stops.get(run_id)
+        if stop is not None and isinstance(cause.exception, RunTerminated):
+            self.core.stopped(run_id, stop)
 
     def _pausing(self, graph: Graph, config: RunnableConfig, run_id: str) -> bool:
         return self._pausing_at(graph.get_state(config), run_id)

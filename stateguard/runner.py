@@ -8,6 +8,7 @@ runner and for plain ``graph.invoke`` calls alike (``stateguard.plain_runs``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +30,7 @@ from stateguard.exceptions import (
     InvariantViolation,
     RunLocked,
     RunNotFound,
+    RunTerminated,
     SagaAborted,
 )
 from stateguard.history import expanded
@@ -264,7 +266,8 @@ class GuardRunner:
         config = runner_config(config)
         failure: Exception | None = None
         try:
-            out = await graph.ainvoke(input, config, durability="sync", **kwargs)
+            out = await self._cancellable(graph.ainvoke(input, config, durability="sync",
+                                                        **kwargs), run_id_of(config))
         except Exception as exc:
             failure = exc
         if failure is not None:
@@ -283,6 +286,26 @@ class GuardRunner:
             raise SagaAborted(violation, report) from violation
         return out
 
+    async def _cancellable(self, running: Any, run_id: str) -> Any:
+        """Await the graph's run as a task of its own, which an operator's stop cancels at
+        once (``stateguard.stops``): the step it is in stays started, in doubt, as a cancelled
+        ``ainvoke`` leaves it. Then ``RunTerminated``; a cancellation of the caller's is
+        the caller's."""
+        task = asyncio.ensure_future(running)
+        loop = asyncio.get_running_loop()
+        def cancel() -> None:
+            loop.call_soon_threadsafe(task.cancel)
+
+        with self.core.stops.cancelling(run_id, cancel):
+            try:
+                return await task
+            except asyncio.CancelledError:
+                stop = self.core.stops.get(run_id)
+                current = asyncio.current_task()
+                if stop is None or (current is not None and current.cancelling()):
+                    raise
+                raise RunTerminated(run_id, stop) from None
+
     @staticmethod
     def _output_is_state(graph: Pregel[Any, Any, Any, Any], out: Any) -> bool:
         conf = (graph.config or {}).get("configurable", {})
@@ -299,7 +322,10 @@ class GuardRunner:
     # -- the end of a turn (the runner's, and a plain invoke's) ------------------------------
     def unwind_failed(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
                       exc: Exception) -> UnwindReport | None:
-        """A turn that raised ``exc``: held for an operator (``None``), or unwound."""
+        """A turn that raised ``exc``: held for an operator (``None``), or unwound; stopped by an
+        operator (``RunTerminated``): unwound or held, as they chose."""
+        if isinstance(exc, RunTerminated):
+            return self.terminated(graph, config, exc)
         if self._hold(config, exc):
             return None
         cause = self.core.cause_of(exc)
@@ -310,19 +336,57 @@ class GuardRunner:
 
     async def aunwind_failed(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
                              exc: Exception) -> UnwindReport | None:
+        if isinstance(exc, RunTerminated):
+            return await self.aterminated(graph, config, exc)
         if self._hold(config, exc):
             return None
-        try:
-            state: Any = state_values((await graph.aget_state(config)).values)
-        except Exception:  # as in values_of: the unwind must not depend on this read
-            logger.warning("reading the state of %s for its compensations failed",
-                           run_id_of(config), exc_info=True)
-            state = None
+        state = await self._astate(config, graph)
         cause = self.core.cause_of(exc)
         report = await self.core.aunwind(run_id_of(config), cause, include_in_doubt=True,
                                          fallback_state=state)
         await aanswer_tool_calls(graph, config, cause, report)
         return report
+
+    def terminated(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                   exc: RunTerminated) -> UnwindReport:
+        """A run an operator stopped (``stateguard.stops``): held ``needs_attention`` with
+        their reason, or unwound (``ctx.reason == "terminated"``), the steps in doubt too (an
+        async step cancelled mid-body); past its pivot it is held all the same
+        (``GuardCore.unwind``). The request is then done."""
+        run_id, stop = run_id_of(config), exc.stop
+        cause = self.core.cause_of(exc)
+        if stop.then == "hold":
+            report = self.core.hold(run_id, cause, stop.describe())
+        else:
+            report = self.core.unwind(run_id, cause, include_in_doubt=True,
+                                      triggered_by=stop.by or "operator",
+                                      fallback_state=lambda: values_of(graph, config))
+            answer_tool_calls(graph, config, cause, report)
+        self.core.stopped(run_id, stop)
+        return report
+
+    async def aterminated(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
+                          exc: RunTerminated) -> UnwindReport:
+        run_id, stop = run_id_of(config), exc.stop
+        cause = self.core.cause_of(exc)
+        if stop.then == "hold":
+            report = self.core.hold(run_id, cause, stop.describe())
+        else:
+            report = await self.core.aunwind(
+                run_id, cause, include_in_doubt=True, triggered_by=stop.by or "operator",
+                fallback_state=await self._astate(config, graph))
+            await aanswer_tool_calls(graph, config, cause, report)
+        self.core.stopped(run_id, stop)
+        return report
+
+    @staticmethod
+    async def _astate(config: RunnableConfig, graph: Pregel[Any, Any, Any, Any]) -> Any:
+        try:
+            return state_values((await graph.aget_state(config)).values)
+        except Exception:  # as in values_of: the unwind must not depend on this read
+            logger.warning("reading the state of %s for its compensations failed",
+                           run_id_of(config), exc_info=True)
+            return None
 
     def unwind_violation(self, graph: Pregel[Any, Any, Any, Any], config: RunnableConfig,
                          violation: InvariantViolation, values: Any) -> UnwindReport:

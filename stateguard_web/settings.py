@@ -19,6 +19,7 @@ from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"  # local state: SQLite file, embedded Redis, beat schedule, sandbox
@@ -105,6 +106,7 @@ INSTALLED_APPS = [
     "stateguard_web.notifications",  # operators told when a run waits for them
     "stateguard_web.accounts",
     "stateguard_web.batches",  # one operator action over many runs
+    "stateguard_web.webhooks",  # submitters told when their runs end or wait
     "stateguard_web.monitoring",  # /api/health, /healthz, /metrics, the workers' heartbeat
     "stateguard_web.payments",  # after sagas: its admin extends the journal's Run admin
     "stateguard_web.dashboard",  # the operator's pages and their websockets
@@ -264,6 +266,23 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TIMEZONE = TIME_ZONE
+# Two queues. New runs wait in Celery's default one, "celery", however many there are; what
+# keeps runs going or what a person waits for goes to "stateguard.ops": the sweeps, recovery of
+# a dead worker's runs, operators' requests, compensations' next rounds, batches and
+# notifications. Behind 3000 queued runs the sweeps' messages expired before a worker got to
+# them (they live 2 s): no dead worker's run was recovered, and an operator's "compensate" waited
+# minutes (issue 22 §6, docs/reliability.md). Every worker consumes both (they are its queues
+# unless -Q says otherwise), and Celery's Redis transport takes from them in turn, so these
+# wait for about one task, not for the backlog.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+STATEGUARD_OPS_QUEUE = "stateguard.ops"
+CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE), Queue(STATEGUARD_OPS_QUEUE))
+CELERY_TASK_ROUTES = {
+    **{f"stateguard_web.sagas.tasks.{name}": {"queue": STATEGUARD_OPS_QUEUE}
+       for name in ("run_request", "run_recover", "run_retry_compensations",
+                    "sweep_expired_leases", "batch_process", "notification_send")},
+    "stateguard_web.batches.tasks.batch_sweep": {"queue": STATEGUARD_OPS_QUEUE},
+}
 
 # Leases: a worker running a saga holds a lease of STATEGUARD_LEASE_SECONDS and renews it every
 # STATEGUARD_LEASE_RENEW_SECONDS; every STATEGUARD_SWEEP_SECONDS beat enqueues a sweep that hands
@@ -309,6 +328,16 @@ STATEGUARD_WORKERS_POLL_SECONDS = _seconds("STATEGUARD_WORKERS_POLL_SECONDS", 15
 if STATEGUARD_WORKERS_POLL_SECONDS < 1:
     raise ImproperlyConfigured("STATEGUARD_WORKERS_POLL_SECONDS must be at least 1 (every open "
                                "page asks that often).")
+# The header of every page warns when the oldest pending run has waited longer than this for
+# a worker (the queue is behind: too few workers, or stuck ones); the workers page shows the
+# queue. Seconds; at least 1.
+STATEGUARD_BACKLOG_WARN_SECONDS = _seconds("STATEGUARD_BACKLOG_WARN_SECONDS", 300.0)
+if STATEGUARD_BACKLOG_WARN_SECONDS < 1:
+    raise ImproperlyConfigured("STATEGUARD_BACKLOG_WARN_SECONDS must be at least 1.")
+# The code this deployment runs, as the workers page shows it beside each worker's (a release
+# tag, the commit a build was made from). Empty: the package's version and the checkout's
+# commit (monitoring/version.py).
+STATEGUARD_VERSION = env.str("STATEGUARD_VERSION", default="")
 
 # A compensation whose attempts in the worker are spent (a provider's outage) waits and is tried
 # again (stateguard.RetryLater): first after INITIAL seconds, then after as long as it has been
@@ -434,6 +463,31 @@ if not re.fullmatch(r"[^@\s<>]+@[A-Za-z0-9.-]+", parseaddr(DEFAULT_FROM_EMAIL)[1
 _mail_dir = env.str("STATEGUARD_MAIL_DIR", default="var/mail" if DEBUG else "")
 STATEGUARD_MAIL_DIR: Path | None = BASE_DIR / _mail_dir if _mail_dir else None
 
+# Retention (runs/retention.py, docs/deploy.md): how long a finished run of each status keeps
+# its steps and checkpoints after its last change ("succeeded=30d,compensated=90d"; a status not
+# named is kept for ever; needs_attention never goes), how long the effect ledger and the thin run
+# row that holds it stay ("7y"; empty: for ever), runs per transaction, and how often beat purges.
+# Checked by `manage.py check` (runs/retention_checks.py), not here: a bad value is an error
+# that names the setting, not a traceback.
+STATEGUARD_RETENTION = env.dict("STATEGUARD_RETENTION", default={})
+STATEGUARD_RETENTION_LEDGER = env.str("STATEGUARD_RETENTION_LEDGER", default="")
+STATEGUARD_RETENTION_BATCH = env.int("STATEGUARD_RETENTION_BATCH", default=500)
+STATEGUARD_RETENTION_SECONDS = _seconds("STATEGUARD_RETENTION_SECONDS", 3600.0)
+# Webhooks for submitters (webhooks/): a POST to the URL a submission names, or its API key's
+# default, when the run ends or waits for an approval. URLs whose host is (or resolves to) a
+# private, loopback, link-local or reserved address are refused, at submission and again at each
+# delivery, unless this allows them (a receiver on the same network: tests, `make run`).
+STATEGUARD_WEBHOOKS_ALLOW_PRIVATE = env.bool("STATEGUARD_WEBHOOKS_ALLOW_PRIVATE", default=DEBUG)
+# Seconds a receiver has to answer (connect and read); redirects are never followed.
+STATEGUARD_WEBHOOKS_TIMEOUT = env.float("STATEGUARD_WEBHOOKS_TIMEOUT", default=5.0)
+# A delivery that keeps failing is retried with exponential backoff (30 s, 1, 2, 4 min... at most
+# an hour apart) for this many hours after its event, then marked failed.
+STATEGUARD_WEBHOOKS_RETRY_HOURS = env.float("STATEGUARD_WEBHOOKS_RETRY_HOURS", default=24.0)
+# How often beat looks for due deliveries: the longest an event waits before its first POST.
+STATEGUARD_WEBHOOKS_SWEEP_SECONDS = env.float("STATEGUARD_WEBHOOKS_SWEEP_SECONDS", default=2.0)
+if STATEGUARD_WEBHOOKS_TIMEOUT <= 0 or STATEGUARD_WEBHOOKS_SWEEP_SECONDS <= 0:
+    raise ImproperlyConfigured("STATEGUARD_WEBHOOKS_TIMEOUT and _SWEEP_SECONDS must be above 0")
+
 CELERY_BEAT_SCHEDULE = {
     "sweep-expired-leases": {
         "task": "stateguard_web.sagas.tasks.sweep_expired_leases",
@@ -447,6 +501,19 @@ CELERY_BEAT_SCHEDULE = {
         "task": "stateguard_web.batches.tasks.batch_sweep",
         "schedule": float(STATEGUARD_SWEEP_SECONDS),
         "options": {"expires": float(STATEGUARD_SWEEP_SECONDS)},
+    },
+    # Retention: purges what is due, in batches, for at most half the period (runs/tasks.py).
+    "purge-runs": {
+        "task": "stateguard_web.runs.tasks.purge_runs",
+        "schedule": STATEGUARD_RETENTION_SECONDS,
+        "options": {"expires": STATEGUARD_RETENTION_SECONDS},
+    },
+    # Webhook deliveries that are due: new events, retries whose backoff is over, and those
+    # whose sender died (webhooks/tasks.py).
+    "webhooks-sweep": {
+        "task": "stateguard_web.webhooks.tasks.webhooks_sweep",
+        "schedule": STATEGUARD_WEBHOOKS_SWEEP_SECONDS,
+        "options": {"expires": STATEGUARD_WEBHOOKS_SWEEP_SECONDS},
     },
 }
 
@@ -465,6 +532,17 @@ if _stripe_live_key and not STRIPE_API_BASE.startswith("https://"):
         "go to Stripe over HTTPS only. Unset STRIPE_API_BASE (https://api.stripe.com) or use "
         "a test key (sk_test_...) with the local stand-in."
     )
+# How a Stripe call that did not get through (no answer, a timeout, a 5xx, a 409, a 429) is
+# tried again, by the agents and the web app: the SDK resends a read, and a write that carries
+# an idempotency key Stripe honours (a new customer), up to RETRIES times with backoff; a charge
+# or a refund is never resent blind: its node or compensation looks it up first, then tries
+# again (agents/stripe_support.py). 0: every call once, and an error holds the run at once
+# (the tests). TIMEOUT: seconds without a byte of Stripe's answer before the call gives up.
+STRIPE_MAX_NETWORK_RETRIES = env.int("STRIPE_MAX_NETWORK_RETRIES", default=2)
+STRIPE_TIMEOUT_SECONDS = _seconds("STRIPE_TIMEOUT_SECONDS", 30.0)
+if not 0 <= STRIPE_MAX_NETWORK_RETRIES <= 10 or STRIPE_TIMEOUT_SECONDS <= 0:
+    raise ImproperlyConfigured("STRIPE_MAX_NETWORK_RETRIES must be 0-10 and "
+                               "STRIPE_TIMEOUT_SECONDS above 0.")
 
 # AWS, for the agents that call it (provision, cleanup). Without keys, or with moto's dummy
 # "testing" ones, they talk to the local stand-in, moto's server (`make run` starts it on 8430);

@@ -45,11 +45,17 @@ os.environ["DEBUG"] = "true"
 # would e-mail the operators of every run that pauses, in this process and in the workers.
 os.environ["STATEGUARD_NOTIFY_EMAIL"] = ""
 os.environ.pop("STATEGUARD_NOTIFY_WEBHOOK_URL", None)
+os.environ["STATEGUARD_WEBHOOKS_ALLOW_PRIVATE"] = "true"  # receivers on 127.0.0.1
 # No mail server and no Outbox folder unless a test starts one (the ``mail_server`` fixture):
 # under DEBUG the agents would mail `make run`'s server on 8025, if one is up, and the Outbox
 # would list its var/mail/. A test that sends mail without one fails (nothing on port 25).
 os.environ["EMAIL_URL"] = "smtp://127.0.0.1:25"
 os.environ["STATEGUARD_MAIL_DIR"] = ""
+
+# Every Stripe call once, unless a test asks for retries (tests/agents/test_stripe_retries.py):
+# a test that makes Stripe fail sees its failure at once, not after the SDK's and the steps'
+# retries (seconds of backoff each).
+os.environ["STRIPE_MAX_NETWORK_RETRIES"] = "0"
 
 # The dashboard asks every 2 s, not 15, whether a worker is alive: a browser test that stops the
 # last worker waits for the banner that long (workers say goodbye; nothing else is faster).

@@ -26,6 +26,13 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
     # Written at most once a minute per key (services.api_key_authenticate), not per request.
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Webhooks (stateguard_web/webhooks/): the secret that signs the events of the runs this
+    # key submits, stored as it is (an HMAC needs it) and shown once, when made or rotated
+    # (empty: none yet, so no webhooks); and where they go when a submission names no URL.
+    # On the key itself: a submission reads them from the key it authenticated with, at no
+    # query more (the key cache holds the row).
+    webhook_secret = models.CharField(max_length=80, blank=True, default="", editable=False)
+    webhook_url = models.URLField(max_length=2000, blank=True, default="", editable=False)
 
     class Meta:
         verbose_name = "API key"

@@ -10,7 +10,16 @@ import functools
 from ninja import NinjaAPI
 from ninja.operation import Operation
 
-from stateguard_web.api import agents, batches, compensations, errors, runs
+from stateguard_web.api import (
+    agents,
+    batches,
+    compensations,
+    errors,
+    incidents,
+    runs,
+    webhooks,
+    workers,
+)
 from stateguard_web.api.auth import KeyAuth, SessionAuth
 
 
@@ -36,3 +45,6 @@ api.add_router("/runs", runs.router)
 api.add_router("/agents", agents.router)
 api.add_router("/compensations", compensations.router)
 api.add_router("/batches", batches.router)
+api.add_router("/incidents", incidents.router)
+api.add_router("/webhooks", webhooks.router)
+api.add_router("", workers.router)  # /api/workers, /api/queue

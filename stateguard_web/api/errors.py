@@ -41,6 +41,8 @@ from stateguard_web.accounts.throttle import Throttled
 from stateguard_web.api.auth import CsrfFailed
 from stateguard_web.batches import services as batches
 from stateguard_web.runs import selectors, services
+from stateguard_web.webhooks import services as webhooks
+from stateguard_web.webhooks.addresses import UrlRefused
 
 logger = logging.getLogger("stateguard_web.api")
 
@@ -163,6 +165,16 @@ def install(api: NinjaAPI) -> None:
                    "msg": str(e.get("msg", "")).removeprefix("Value error, ")}
                   for e in exc.errors]
         return _error(api, request, 422, "invalid", _summary(errors), errors)
+
+    @on(webhooks.WebhookRefused)
+    def webhook_refused(request: HttpRequest, exc: webhooks.WebhookRefused) -> HttpResponse:
+        errors = [{"loc": ["body", "webhook_url"], "msg": str(exc).removeprefix("webhook_url: ")}]
+        return _error(api, request, 422, "invalid", str(exc), errors)
+
+    @on(UrlRefused)
+    def url_refused(request: HttpRequest, exc: UrlRefused) -> HttpResponse:
+        errors = [{"loc": ["body", "url"], "msg": str(exc)}]
+        return _error(api, request, 422, "invalid", f"url: {exc}", errors)
 
     @on(services.SubmissionError)
     def submission(request: HttpRequest, exc: services.SubmissionError) -> HttpResponse:

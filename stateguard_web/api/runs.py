@@ -1,7 +1,8 @@
 """/api/runs: submit, list and read runs, and the operator's actions on one.
 
 Actions are requests that a worker carries out (one at a time per run): they answer 202 with
-the run, whose ``request`` shows what waits. Resolving by hand is done at once (200).
+the run, whose ``request`` shows what waits. Resolving by hand is done at once (200), and so is
+terminating a pending run no worker took.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from typing import Annotated
 
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja import Header, Query, Router, Status
 from ninja.errors import ValidationError
 from pydantic import ValidationError as PydanticError
@@ -31,9 +33,14 @@ from stateguard_web.api.schemas import (
     RunIn,
     RunListOut,
     RunOut,
+    RunWebhooksOut,
+    TerminateIn,
+    TimelineOut,
 )
-from stateguard_web.runs import selectors, services
+from stateguard_web.runs import selectors, services, timeline
 from stateguard_web.sagas.models import Approval, Run
+from stateguard_web.webhooks import selectors as webhooks
+from stateguard_web.webhooks import services as webhook_services
 
 router = Router(tags=["runs"])
 Response = Status[dict[str, object]]
@@ -51,8 +58,10 @@ def submit_run(request: HttpRequest, data: RunIn,
     if idempotency_key and data.idempotency_key and idempotency_key != data.idempotency_key:
         raise ValidationError([{"loc": ("header", "Idempotency-Key"),
                                 "msg": "differs from the body's idempotency_key"}])
-    run = services.run_submit(agent=data.agent, input=data.input, by=who.actor,
-                              idempotency_key=idempotency_key or data.idempotency_key or "")
+    run = webhook_services.run_submit(
+        agent=data.agent, input=data.input, by=who.actor,
+        idempotency_key=idempotency_key or data.idempotency_key or "", key=who.key,
+        webhook_url=data.webhook_url)
     return Status(200 if run.replayed else 201, selectors.run_summary(run=run))
 
 
@@ -64,7 +73,8 @@ def list_runs(request: HttpRequest, filters: Query[RunFilter]) -> dict[str, obje
     runs = selectors.run_list(
         runs=access.visible_runs(who.user), status=filters.status, agent=filters.agent,
         q=filters.q, created_after=filters.created_after,
-        created_before=filters.created_before, node=filters.node, what=filters.what)
+        created_before=filters.created_before, node=filters.node, what=filters.what,
+        step=filters.step, error_type=filters.error_type)
     page = runs[filters.offset:filters.offset + filters.limit]
     return {"items": [selectors.run_summary(run=run) for run in page], "count": runs.count()}
 
@@ -75,6 +85,25 @@ def get_run(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
     invariant if any, and its audit trail."""
     _, run = run_for(request, code, Ability.VIEW, detail=True)
     return selectors.run_detail(run=run)
+
+
+@router.get("/{code}/webhooks", response={200: RunWebhooksOut, **errors(404, 422)},
+            summary="Read a run's webhook deliveries")
+def get_run_webhooks(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
+    """Each event sent (or to send) to the run's webhook URL, with every attempt and what the
+    receiver answered."""
+    _, run = run_for(request, code, Ability.VIEW)
+    return webhooks.run_webhooks(run=run)
+
+
+@router.get("/{code}/timeline", response={200: TimelineOut, **errors(404, 422)},
+            summary="Read a run's timeline")
+def get_run_timeline(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
+    """Where the run's time went and what ran at once, as the run page draws it: a bar per
+    step, tool call, model's turn, approval's wait and compensation (with its attempts), each
+    in a lane of its group, from the journal's times."""
+    _, run = run_for(request, code, Ability.VIEW)
+    return timeline.as_data(timeline.read(run=run, now=timezone.now()), run)
 
 
 def _decide(request: HttpRequest, code: uuid.UUID, data: DecisionIn,
@@ -143,6 +172,20 @@ def compensate_run(request: HttpRequest, code: uuid.UUID,
     who, run = run_for(request, code, Ability.OPERATE)
     run = services.run_compensate(run=run, by=who.actor, reason=data.reason if data else "")
     return Status(202, selectors.run_summary(run=run))
+
+
+@router.post("/{code}/terminate", response={200: RunOut, **ACTION},
+             summary="Terminate a running run")
+def terminate_run(request: HttpRequest, code: uuid.UUID, data: TerminateIn) -> Response:
+    """Stop a pending or running run now, then unwind it (``"then": "unwind"``) or hold it
+    ``needs_attention`` (``"hold"``). 202: the worker running it stops at its next step
+    boundary (``request`` shows the terminate until then); 200: a pending run no worker took
+    is settled at once (nothing ran). 409 for a run in another status, with a request
+    waiting, or past its pivot to unwind (hold it instead)."""
+    who, run = run_for(request, code, Ability.OPERATE)
+    run = services.run_terminate(run=run, by=who.actor, then=data.then, reason=data.reason)
+    waits = run.status in (Run.Status.PENDING, Run.Status.RUNNING)  # for a worker
+    return Status(202 if waits else 200, selectors.run_summary(run=run))
 
 
 @router.post("/{code}/resolve", response={200: RunOut, **errors(400, 404, 409, 422)},

@@ -66,7 +66,8 @@ Reason = _text(MAX_TEXT)
 Note = _text(MAX_TEXT, 1)
 Search = _text(200, 1)
 StepName = _text(300, 1)  # a step's id, or a node's name
-NodeName = _text(200, 1)  # a node's or a tool's name, as the journal's steps have them
+NodeName = _text(200, 1)  # a node's or a tool's name (Run.failed_node's length)
+ErrorType = _text(200, 1)  # Run.error_type's length
 # runs.agent_map.STOPS and WINDOWS, as the schema lists them (a test checks they agree).
 Stopped = Literal["now", "waiting", "failed", "compensated"]
 Window = Literal["1h", "24h", "7d"]
@@ -90,6 +91,10 @@ class RunIn(In):
     idempotency_key: IdempotencyKey | None = Field(
         None, description="or the Idempotency-Key header: the same key again gives back the "
                           "same run (200) instead of a second one")
+    webhook_url: str | None = Field(
+        None, max_length=2000,
+        description="where to POST the run's events (it ends, or waits for an approval), "
+                    "signed with the API key's webhook secret; default: the key's default URL")
 
     @field_validator("agent")
     @classmethod
@@ -113,6 +118,13 @@ class DecisionIn(In):
 
 class CompensateIn(In):
     reason: Reason = ""
+
+
+class TerminateIn(In):
+    then: Literal["unwind", "hold"] = Field(
+        description="once the run stopped: unwind it (its compensations, newest first) or "
+                    "hold it needs_attention, nothing undone")
+    reason: Reason = Field("", description="kept in the audit trail and the run's error")
 
 
 class RetryIn(In):
@@ -179,6 +191,12 @@ class RunFilters(Schema):
                                                     "or tool, as an agent's map counts them")
     what: Stopped | None = Field(None, description="with `node`: how they stand or stopped "
                                                    "there (any, if absent)")
+    step: NodeName | None = Field(None, description="where the run last failed (its step's "
+                                                    "node), as GET /api/incidents groups "
+                                                    "runs; - for none on record")
+    error_type: ErrorType | None = Field(None, description="the type of the run's error when "
+                                                           "it last failed "
+                                                           "(APIConnectionError); - for none")
 
 
 class RunFilter(RunFilters):
@@ -315,6 +333,51 @@ class RunDetailOut(RunOut):
     audit: list[AuditOut]
 
 
+class TimelineAttemptOut(Out):
+    number: int
+    ok: bool
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    summary: str = Field(description="its result, or its error in one line")
+
+
+class TimelineBarOut(Out):
+    group: Literal["model", "steps", "tools", "approvals", "compensations"] = Field(
+        description="model: the model's turns (an AI run); tools: its tool calls")
+    lane: int = Field(description="its lane in its group, from 0: bars that overlapped in "
+                                  "time (ran at once) are on different lanes")
+    kind: Literal["model", "step", "tool_call", "approval", "compensation"]
+    name: str = Field(description="the node or tool; of an approval, the gated node; of a "
+                                  "compensation, the node it undoes")
+    status: str = Field(description="the journal's status of the step, approval or "
+                                    "compensation; a step that started and never finished "
+                                    "while no worker runs it: in_doubt")
+    step_id: str
+    started_at: datetime
+    finished_at: datetime | None = Field(description="null while it is not over (or, in "
+                                                     "doubt, never known)")
+    duration_ms: float = Field(description="to finished_at; for a bar not over, to now (or, "
+                                           "in doubt, to the next thing the run did)")
+    detail: str = Field(description="what the model asked for, the error, who decided, ...")
+    attempts: list[TimelineAttemptOut] = Field(description="a compensation's attempts")
+
+
+class TimelineOut(Out):
+    code: uuid.UUID
+    status: RunStatus
+    started_at: datetime = Field(description="the run's submission: where the timeline starts")
+    ends_at: datetime = Field(description="now while the run goes on, else its last time")
+    ticking: bool = Field(description="the run goes on (or waits): open bars grow")
+    duration_ms: float
+    queued_ms: float = Field(description="from the submission to the first step")
+    totals_ms: dict[str, float] = Field(description="per group, the time covered by its bars "
+                                                    "(overlaps counted once)")
+    lanes: dict[str, int] = Field(description="per group, its lanes: how many of its bars ran "
+                                              "at once, at most")
+    bars: list[TimelineBarOut] = Field(description="by group, then start")
+
+
 class AgentOut(Out):
     name: str
     description: str
@@ -414,3 +477,153 @@ class BatchPreviewOut(Out):
     statuses: dict[str, int] = Field(description="how many runs of each status")
     runs: list[uuid.UUID] = Field(description="the runs, in order: POST them as runs to act "
                                               "on exactly these")
+
+
+class IncidentFilter(Schema):
+    """GET /api/incidents's query."""
+
+    window: Literal["24h", "7d", "30d"] = Field(
+        "24h", description="the span the bars cover: 24 bars of an hour, 28 of 6 hours, or "
+                           "30 of a day")
+    status: Literal["failed", "needs_attention"] | None = Field(
+        None, description="one of the two; both if absent")
+    agent: AgentName | None = None
+    sort: Literal["count", "recent"] = Field(
+        "count", description="the largest groups first, or those with the latest run first")
+    limit: int = Field(100, ge=1, le=100)
+
+
+class IncidentOut(Out):
+    agent: str
+    step: str = Field(description="the step (node) its runs failed at; \"\" if none on record")
+    error_type: str = Field(description="their error's type; \"\" if none on record")
+    status: RunStatus
+    count: int = Field(description="its runs, however long ago they got there")
+    first_seen: datetime = Field(description="when the first of them got there")
+    last_seen: datetime = Field(description="when the latest of them got there")
+    sample_message: str = Field(description="the latest one's error message")
+    sample_run: uuid.UUID | None = Field(description="the latest one (null if it moved on "
+                                                     "while it was read)")
+    bars: list[int] = Field(description="runs that got there in each part of the window, "
+                                        "oldest first (the sparkline)")
+    filter: dict[str, str] = Field(description="GET /api/runs's filters for exactly its runs; "
+                                               "a batch's filter too")
+
+
+class IncidentListOut(Out):
+    window: str
+    start: datetime = Field(description="the window's start: bars[0] begins here")
+    end: datetime
+    bar_seconds: int = Field(description="each bar's span")
+    more: bool = Field(description="more groups than limit")
+    items: list[IncidentOut]
+
+
+class WebhookAttemptOut(Out):
+    number: int
+    url: str
+    started_at: datetime
+    duration_ms: int
+    status_code: int | None = Field(description="the receiver's answer; null: none came")
+    response: str = Field(description="the start of the answer's body")
+    error: str = Field(description="why no answer came (timeout, refused address...)")
+    ok: bool
+
+
+class WebhookDeliveryOut(Out):
+    id: str = Field(description="the event's id, as the receiver got it (to detect replays)")
+    type: str
+    status: Literal["pending", "delivered", "failed"]
+    created: datetime
+    attempts: int
+    next_attempt_at: datetime | None
+    delivered_at: datetime | None
+    tries: list[WebhookAttemptOut]
+
+
+class RunWebhooksOut(Out):
+    url: str | None = Field(description="where the run's events go; null: nowhere")
+    deliveries: list[WebhookDeliveryOut]
+
+
+class WebhookSecretOut(Out):
+    key: str = Field(description="the API key's prefix")
+    secret: str = Field(description="shown this once: store it where your receiver reads it")
+
+
+class WebhookDefaultIn(In):
+    url: str = Field(max_length=2000, description="empty: no default")
+
+
+class WebhookDefaultOut(Out):
+    key: str
+    url: str
+
+
+# -- workers and the queue (api/workers.py) ---------------------------------------------------
+
+class HeldRunOut(Out):
+    code: uuid.UUID
+    agent: str
+    status: RunStatus
+    lease_owner: str = Field(description="the process holding the run's lease: host:pid:tag")
+
+
+class WorkerOut(Out):
+    name: str = Field(description="Celery's name of the worker (name@host)")
+    host: str
+    pid: int | None = Field(description="its main process")
+    pids: list[int] = Field(description="the processes that run its tasks (leases name them)")
+    concurrency: int | None
+    pool: str
+    version: str = Field(description="the code it runs")
+    started_at: datetime | None = Field(description="when it started, by its own clock")
+    alive: bool = Field(description="heard from in the last 60 s")
+    last_heartbeat_seconds_ago: float
+    runs: list[HeldRunOut] = Field(description="the runs its processes hold now")
+
+
+class WorkersOut(Out):
+    broker_ok: bool = Field(description="the broker answered: when it did not, nothing is "
+                                        "known of the workers and `workers` is empty")
+    version: str = Field(description="the code this web server runs")
+    alive: int = Field(description="workers heard from in the last 60 s")
+    workers: list[WorkerOut] = Field(description="the workers heard from in the last day, the "
+                                                 "latest heartbeat first")
+    unclaimed: list[HeldRunOut] = Field(description="live runs whose lease names no process "
+                                                    "of a live worker (its worker died: the "
+                                                    "sweeper hands them to recovery)")
+
+
+class OldestPendingOut(Out):
+    code: uuid.UUID
+    agent: str
+    created_at: datetime
+    waited_seconds: float
+
+
+class QueueOut(Out):
+    depth: int | None = Field(description="messages waiting in the broker's queue; null when "
+                                          "the broker did not answer")
+    pending: int = Field(description="runs pending (waiting for a worker)")
+    oldest_pending: OldestPendingOut | None
+    backlog_warn_seconds: float = Field(description="STATEGUARD_BACKLOG_WARN_SECONDS")
+    backlogged: bool = Field(description="the oldest pending run has waited longer than that")
+
+
+class MinuteOut(Out):
+    minute: datetime = Field(description="the minute's start (UTC)")
+    submitted: int
+    started: int = Field(description="runs a worker first took from the queue")
+    succeeded: int
+    compensated: int
+    needs_attention: int
+
+
+class ThroughputOut(Out):
+    minutes: list[MinuteOut] = Field(description="oldest first; the last is the current minute")
+
+
+class ThroughputFilter(Schema):
+    minutes: int = Field(60, ge=1, le=1440, description="how many minutes back, this one "
+                                                        "included")

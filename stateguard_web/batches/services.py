@@ -50,7 +50,7 @@ from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Run
 
 FILTERS = ("status", "agent", "q", "created_after", "created_before", "node",  # run_list's
-           "what")
+           "what", "step", "error_type")
 
 
 class BatchRefused(services.ServiceError):

@@ -27,6 +27,7 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.batches import services as batches
 from stateguard_web.dashboard import labels
 from stateguard_web.dashboard.forms import RunFilterForm
+from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import Batch, BatchItem, Run
 
@@ -84,6 +85,22 @@ class BatchForm(forms.Form):
         return found
 
 
+def described(filters: dict[str, Any]) -> str:
+    """The runs a filter selects, in words, for the confirmation: "The runs of checkout that
+    last failed at charge_user with APIConnectionError, failed now." (an Incidents group's)."""
+    words = "The runs"
+    if filters.get("agent"):
+        words += f" of {filters['agent']}"
+    failed = failure_words(filters.get("step") or "", filters.get("error_type") or "")
+    if failed:
+        words += f" that last failed {failed}"
+    if filters.get("q"):
+        words += f" matching “{filters['q']}”"
+    if filters.get("status"):
+        words += f", {labels.label('run', filters['status']).words} now"
+    return words + "."
+
+
 def _list_url(request: HttpRequest) -> str:
     """The runs list as the operator left it (its filters, not the batch's fields)."""
     query = request.GET.copy()
@@ -106,8 +123,10 @@ def batch_new(request: HttpRequest) -> HttpResponse:
         filters = RunFilterForm(request.GET).filters()
         filters.pop("page")
         selection: dict[str, Any] = {"filters": {k: v or None for k, v in filters.items()}}
+        words = described(filters)
     else:
         selection = {"codes": form.codes(request.GET.getlist("runs"))}
+        words = ""
     try:
         preview = batches.batch_preview(action=action, runs=runs, **selection)
     except batches.BatchRefused as exc:
@@ -117,7 +136,8 @@ def batch_new(request: HttpRequest) -> HttpResponse:
         "form": form, "action": Batch.Action(action), "what": WHAT[Batch.Action(action)],
         "reason_goes": REASON_GOES[Batch.Action(action)],
         "preview": preview, "codes": ",".join(preview["runs"]),
-        "skipped": preview["count"] - preview["eligible"], "back": _list_url(request)})
+        "skipped": preview["count"] - preview["eligible"], "back": _list_url(request),
+        "described": words})
 
 
 @login_required

@@ -19,7 +19,8 @@ def _nav(user: Any) -> dict[str, Any]:
     sees_runs = access.may(user, Ability.VIEW)
     counts = pages.inbox_counts(user) if sees_runs else {"approvals": 0, "attention": 0}
     return {"role": pages.role_of(user), "sees_runs": sees_runs, "cap": pages.COUNT_CAP,
-            "outbox": outbox.shown_to(user), **counts}
+            "outbox": outbox.shown_to(user), "sees_workers": access.reads_all_runs(user),
+            **counts}
 
 
 def nav(request: HttpRequest) -> dict[str, Any]:

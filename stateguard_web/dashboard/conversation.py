@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stateguard.tool_calls import TOOL_TAG, ToolCall
+from stateguard_web.runs.timeline import model_messages
 from stateguard_web.sagas.models import Step
 
 # How much of a long answer the page shows before "…" (the step's detail has all of it).
@@ -64,15 +65,6 @@ def _args(args: Any) -> str:
     return args if isinstance(args, str) else json.dumps(args, sort_keys=True, default=str)
 
 
-def _model_messages(update: Any) -> list[Mapping[str, Any]]:
-    messages = update.get("messages") if isinstance(update, Mapping) else None
-    if isinstance(messages, Mapping):
-        messages = [messages]
-    if not isinstance(messages, list):
-        return []
-    return [m for m in messages if isinstance(m, Mapping) and m.get("type") in ("ai", "AIMessage")]
-
-
 def _model_turn(step: Step, message: Mapping[str, Any]) -> ModelTurn:
     asked = [Asked(str(c.get("name", "")), str(c.get("id", "")), _args(c.get("args", {})))
              for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
@@ -98,5 +90,5 @@ def conversation(steps: list[Step]) -> list[Turn]:
         if TOOL_TAG in (step.tags or ()):
             turns.append(_tool_turn(step))
         else:
-            turns.extend(_model_turn(step, m) for m in _model_messages(step.update))
+            turns.extend(_model_turn(step, m) for m in model_messages(step.update))
     return turns if any(isinstance(t, ToolTurn) or t.asked for t in turns) else []

@@ -36,6 +36,10 @@ class RunFilterForm(forms.Form):
     node = forms.CharField(required=False, max_length=200, label="Stopped at")
     what = forms.ChoiceField(required=False, label="as", choices=[
         ("", "any"), *((key, stop.words) for key, stop in STOPS.items())])
+    # Where the run last failed and with what: an Incidents group's runs (incidents.py). Set
+    # by the group's link, shown as what the list is narrowed to, kept by the filter form.
+    step = forms.CharField(required=False, max_length=200, label="Failed at")
+    error_type = forms.CharField(required=False, max_length=200, label="Error type")
     # The browser's time zone (the page's script fills it in), for the days of a custom range.
     tz = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
     page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000,
@@ -57,6 +61,7 @@ class RunFilterForm(forms.Form):
         return {"status": data.get("status") or "", "agent": data.get("agent") or "",
                 "q": data.get("q") or "", "created_after": after, "created_before": before,
                 "node": data.get("node") or "", "what": data.get("what") or "",
+                "step": data.get("step") or "", "error_type": data.get("error_type") or "",
                 "page": data.get("page") or 1}
 
 
@@ -84,6 +89,13 @@ class DecisionForm(_Reason):
 
 class CompensateForm(_Reason):
     pass
+
+
+class TerminateForm(_Reason):
+    """Terminate: what happens once the run stopped (the service checks it against the run)."""
+
+    then = forms.ChoiceField(choices=[("unwind", "Unwind it"), ("hold", "Hold it")],
+                             widget=forms.RadioSelect)
 
 
 class RetryFromForm(forms.Form):

@@ -119,6 +119,20 @@ LEGEND = (LABELS["step"]["succeeded"], LABELS["step"]["started"],
           LABELS["graph"]["not_run"])
 
 
+def seconds_words(seconds: float) -> str:
+    """How long something took, in words: "340 ms", "2.4 s", "3 min 5 s", "2 h 4 min"."""
+    seconds = max(seconds, 0.0)
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
 def label(kind: str, status: str) -> Label:
     """The label of ``status`` of a ``kind`` of thing; an unknown one is shown as it is."""
     return LABELS.get(kind, {}).get(status) or Label("idle", "•", status)

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
 from stateguard import lifecycle
@@ -24,12 +24,20 @@ from stateguard.spec import GuardSpec, build_compensations
 from stateguard.unwind import plan
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import graph, labels, outbox
+from stateguard_web.dashboard import graph, labels, outbox, timeline_svg
 from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
 from stateguard_web.payments.ledger import LedgerRow, ledger_rows
-from stateguard_web.runs import runtime, selectors
-from stateguard_web.sagas.models import Approval, Compensation, Effect, Run, Step
+from stateguard_web.runs import runtime, selectors, timeline
+from stateguard_web.runs.timeline import Timeline
+from stateguard_web.sagas.models import (
+    Approval,
+    Compensation,
+    CompensationAttempt,
+    Effect,
+    Run,
+    Step,
+)
 
 PAGE_SIZE = 50
 INBOX_LIMIT = 200
@@ -120,13 +128,15 @@ class RunListPage:
 
 def run_list_page(*, user: Any, status: str = "", agent: str = "", q: str = "",
                   created_after: datetime | None = None, created_before: datetime | None = None,
-                  node: str = "", what: str = "", page: int = 1) -> RunListPage:
+                  node: str = "", what: str = "", step: str = "", error_type: str = "",
+                  page: int = 1) -> RunListPage:
     """One page of the runs ``user`` may see, newest first, and the count of each status under
     the other filters (the chips), each capped at ``COUNT_CAP``: one index range per status
     (the (status, -created_at) index), never a count of every run. The total comes from those
     counts; past the cap the page knows only whether there is a next one."""
     filters = {"agent": agent or None, "q": q or None, "created_after": created_after,
-               "created_before": created_before, "node": node or None, "what": what or None}
+               "created_before": created_before, "node": node or None, "what": what or None,
+               "step": step or None, "error_type": error_type or None}
     visible = access.visible_runs(user)
     unfiltered = selectors.run_list(runs=visible, **filters)
     counts = _capped_counts_by_status(unfiltered)
@@ -152,12 +162,7 @@ def step_state(step: Step, run: Run, now: datetime) -> str:
     step that started and never finished while no worker runs it any more (the run stopped
     running, or its worker's lease ran out: it died). Recovery may have unwound the run since,
     but the step itself stays "started" in the journal: its effect is unknown for good."""
-    if step.status != Step.Status.STARTED:
-        return str(step.status)
-    lease_lost = run.lease_expires_at is not None and run.lease_expires_at < now
-    if run.status == Run.Status.RUNNING and not lease_lost:
-        return str(step.status)
-    return labels.IN_DOUBT
+    return labels.IN_DOUBT if timeline.step_in_doubt(step, run, now) else str(step.status)
 
 
 # What became of a step in doubt, by its compensation's status (None: it has none, or not yet).
@@ -224,21 +229,31 @@ class RunPage:
     # Whether its steps offer "Retry from here…" (the confirmation asks the rule for the step
     # chosen: a pivot at or after it refuses it).
     retry_from: bool = False
+    # What "Terminate…" may do once the run stopped: "unwind" (not past its pivot), "hold".
+    terminate: list[str] = field(default_factory=list)
     # An AI run's conversation: the model's messages and each tool call (conversation.py).
     conversation: list[Turn] = field(default_factory=list)
     # Whether the ledger's e-mails link to the Outbox (outbox.py: make run's mail server).
     outbox: bool = False
+    # Where the run's time went, and what ran at once (runs/timeline.py), and its picture.
+    timeline: Timeline | None = None
+    timeline_svg: str = ""
+    timeline_summary: str = ""
 
     @property
     def run_actions(self) -> set[str]:
         """The actions on the whole run (the header's buttons; the others are per approval or
         per compensation)."""
-        return self.actions & {Action.RETRY, Action.COMPENSATE, Action.RESOLVE}
+        return self.actions & {Action.RETRY, Action.COMPENSATE, Action.RESOLVE,
+                               Action.TERMINATE}
 
 
 def run_page(*, run: Run, user: Any) -> RunPage:
     steps = list(run.steps.order_by("started_at", "pk"))
-    compensations = list(run.compensations.select_related("step").prefetch_related("attempts")
+    # The attempts in their order by number alone: their default ordering (a compensation's,
+    # then its run's) joined both tables to every read of them.
+    attempts = Prefetch("attempts", CompensationAttempt.objects.order_by("number"))
+    compensations = list(run.compensations.select_related("step").prefetch_related(attempts)
                          .order_by("created_at", "pk"))
     approvals = list(run.approvals.order_by("requested_at", "pk"))
     pending = [a for a in approvals if a.status == Approval.Status.PENDING]
@@ -251,6 +266,9 @@ def run_page(*, run: Run, user: Any) -> RunPage:
                if a in lifecycle.REQUESTS} if can_operate else set()
     if not pending:
         actions -= {Action.APPROVE, Action.REJECT}
+    terminate = terminate_choices(run, waiting, pivot) if can_operate else []
+    if terminate:  # held, a run past its pivot may be terminated too
+        actions.add(str(Action.TERMINATE))
     # Say why there is no compensate button when only the pivot takes it away.
     unwinds = lifecycle.allowed(run.status, waiting=waiting) - lifecycle.allowed(
         run.status, waiting=waiting, pivot=pivot)
@@ -273,12 +291,35 @@ def run_page(*, run: Run, user: Any) -> RunPage:
         retry_from=can_operate and lifecycle.refusal(
             Action.RETRY_FROM, run.status, waiting=waiting,
             undone=any(c.step.status != Step.Status.REWOUND for c in compensations)) is None,
-        conversation=conversation(steps), outbox=outbox.shown_to(user))
-    if actions & {Action.COMPENSATE, Action.REJECT}:
+        conversation=conversation(steps), outbox=outbox.shown_to(user), terminate=terminate)
+    if actions & {Action.COMPENSATE, Action.REJECT, Action.TERMINATE}:
         page.undo_plan = undo_plan(run, compensations)
+    _timeline(page, steps)
     if access.may(user, Ability.REFUND, run):
         page.refundable = {e.pk for e in page.effects if payments.refundable(e)}
     return page
+
+
+def _timeline(page: RunPage, steps: list[Step]) -> None:
+    """The run's timeline, from the rows the page read already (no query of its own)."""
+    line = timeline.build(run=page.run, steps=steps, approvals=page.approvals,
+                          compensations=page.compensations,
+                          attempts={c.pk: list(c.attempts.all()) for c in page.compensations},
+                          now=timezone.now())
+    if line.bars:
+        page.timeline = line
+        page.timeline_summary = timeline_svg.summary(line)
+        page.timeline_svg = timeline_svg.render(
+            line, title=f"Timeline of the run: {page.timeline_summary}")
+
+
+def terminate_choices(run: Run, waiting: str | None, pivot: Pivot | None) -> list[str]:
+    """What a terminate of ``run`` may do once it stopped, as the service checks it: hold it
+    (any pending or running run), and unwind it (not past its pivot)."""
+    if lifecycle.refusal(Action.TERMINATE, run.status, waiting=waiting) is not None:
+        return []
+    unwinds = lifecycle.refusal(Action.TERMINATE, run.status, waiting=waiting, pivot=pivot)
+    return ["hold"] if unwinds is not None else ["unwind", "hold"]
 
 
 def next_attempt(run: Run, compensations: list[Compensation]) -> datetime | None:
@@ -304,12 +345,20 @@ def undo_plan(run: Run, compensations: list[Compensation]) -> list[PlannedUndo]:
     done = {c.step.step_id for c in compensations
             if c.status in DONE_COMPENSATIONS}
     planned = []
+    # A step of a run its worker still runs is not in doubt: it runs now, and finishes before
+    # an unwind (a terminate stops the run at the next step).
+    running = run.status == Run.Status.RUNNING and not (
+        run.lease_expires_at is not None and run.lease_expires_at < timezone.now())
     for item in plan(runtime.journal(), str(run.code), guard_spec, include_in_doubt=True):
         step = item.step
         if item.compensation is None or step.step_id in done:
             continue
         if step.status in EFFECT_STATUSES:
             why = f"{step.node} {step.status}"
+        elif running and step.status == Step.Status.STARTED:
+            planned.append(PlannedUndo(step.node, step.step_id,
+                                       f"{step.node} running now: once it finished"))
+            continue
         else:
             why = f"{step.node} {step.status}: its effect is unknown, the undo checks first"
         note = ("" if not item.in_doubt or item.compensation.in_doubt_safe

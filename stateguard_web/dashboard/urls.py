@@ -3,7 +3,15 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from stateguard_web.dashboard import agent_map, batches, outbox, refunds, rewinds, views
+from stateguard_web.dashboard import (
+    agent_map,
+    batches,
+    incidents,
+    outbox,
+    refunds,
+    rewinds,
+    views,
+)
 
 app_name = "dashboard"
 
@@ -15,6 +23,7 @@ urlpatterns = [
     path("runs/<uuid:code>/retry", views.run_retry, name="retry"),
     path("runs/<uuid:code>/compensate", views.run_compensate, name="compensate"),
     path("runs/<uuid:code>/retry-from", rewinds.run_retry_from, name="retry_from"),
+    path("runs/<uuid:code>/terminate", views.run_terminate, name="terminate"),
     path("runs/<uuid:code>/resolve", views.run_resolve, name="resolve"),
     path("runs/<uuid:code>/compensations/<int:pk>/retry", views.compensation_retry,
          name="retry_compensation"),
@@ -23,10 +32,12 @@ urlpatterns = [
     path("batches/", batches.batch_create, name="batch_create"),
     path("batches/<uuid:code>/", batches.batch_detail, name="batch"),
     path("batches/<uuid:code>/cancel", batches.batch_cancel, name="batch_cancel"),
+    path("incidents/", incidents.incident_list, name="incidents"),
     path("inbox/approvals/", views.inbox_approvals, name="inbox_approvals"),
     path("inbox/attention/", views.inbox_attention, name="inbox_attention"),
     path("inbox/counts", views.inbox_counts, name="inbox_counts"),
-    path("workers", views.workers_banner, name="workers"),
+    path("workers/", views.workers_page, name="workers_page"),
+    path("workers/banner", views.workers_banner, name="workers"),
     path("agents/", agent_map.agent_maps, name="agent_maps"),
     path("agents/<str:name>/map", agent_map.agent_map_view, name="agent_map"),
     path("outbox/", outbox.outbox, name="outbox"),

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -28,15 +29,20 @@ from django.views.decorators.http import require_GET, require_POST
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.accounts.forms import LoginForm
-from stateguard_web.dashboard import pages, workers
+from stateguard_web.dashboard import chart, pages, workers
 from stateguard_web.dashboard.forms import (
     CompensateForm,
     DecisionForm,
     ResolveForm,
     RunFilterForm,
+    TerminateForm,
 )
+from stateguard_web.dashboard.incidents import failure_words
+from stateguard_web.monitoring import heartbeat
+from stateguard_web.monitoring import workers as monitoring
 from stateguard_web.runs import agent_map, runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
+from stateguard_web.webhooks import selectors as webhooks
 
 
 class LoginView(auth_views.LoginView):
@@ -78,16 +84,23 @@ def run_list(request: HttpRequest) -> HttpResponse:
     query.pop("page", None)
     chip_query = query.copy()
     chip_query.pop("status", None)
-    whole = query.copy()  # the list without the map's narrowing (dashboard/agent_map.py)
+    # Each narrowing's "every run" link drops that narrowing alone and keeps the other: the
+    # map's node and what (dashboard/agent_map.py), an Incidents group's step and error type.
+    whole = query.copy()
     for key in ("node", "what"):
         whole.pop(key, None)
+    unnarrowed = query.copy()
+    for name in ("step", "error_type"):
+        unnarrowed.pop(name, None)
     return render(request, "dashboard/runs.html", {
         "form": form, "page": page, "agents": agents, "filters": filters,
         "query": query.urlencode(), "chip_query": chip_query.urlencode(),
         "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before",
-                                             "node")),
+                                             "node", "step", "error_type")),
         "stopped": stopped_words(filters["node"], filters["what"]),
         "unstopped": whole.urlencode(), "map_url": _map_url(filters["agent"], request),
+        "narrowed": failure_words(filters["step"], filters["error_type"]),
+        "unnarrowed": unnarrowed.urlencode(),
         # Batches (dashboard/batches.py): tick runs, or take every run of this filter.
         "can_operate": access.may(request.user, Ability.OPERATE),
         "filter_params": [(k, v) for k, v in query.items()],
@@ -120,7 +133,7 @@ def run_detail(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
     return render(request, "dashboard/run_detail.html", {
         "run": run, "page": page, "confirm": request.GET.get("confirm", ""),
         "decision_form": DecisionForm(), "compensate_form": CompensateForm(),
-        "resolve_form": ResolveForm(),
+        "resolve_form": ResolveForm(), "webhooks": webhooks.run_webhooks(run=run),
     })
 
 
@@ -157,15 +170,41 @@ def workers_banner(request: HttpRequest) -> HttpResponse:
                   {"workers": workers.worker_health(request.user)})
 
 
+@login_required
+def workers_page(request: HttpRequest) -> HttpResponse:
+    """The workers, the queue and the runs per minute (monitoring.workers); no action. For
+    those who see every run: it tells of everyone's."""
+    access.check(request.user, Ability.VIEW)
+    if not access.reads_all_runs(request.user):
+        raise PermissionDenied("The workers page is for those who see every run.")
+    snapshot = monitoring.snapshot()
+    return render(request, "dashboard/workers.html", {
+        "state": snapshot.workers, "queue": snapshot.queue,
+        "chart": chart.runs_per_minute(monitoring.throughput()),
+        "capacity": sum(w.info.concurrency or 0 for w in snapshot.workers.alive),
+        "alive_within": heartbeat.ALIVE_WITHIN,
+        "poll_ms": round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000),
+    })
+
+
 # -- actions ------------------------------------------------------------------------------
 
-def _act(request: HttpRequest, run: Run, act: Callable[[], Any], done: str) -> HttpResponse:
+def _act(request: HttpRequest, run: Run, act: Callable[[], Any],
+         done: str | Callable[[Any], str]) -> HttpResponse:
+    """Call ``act``; the page says ``done`` (or what ``done`` makes of what ``act`` returned),
+    or the service's refusal."""
     try:
-        act()
+        result = act()
     except services.ServiceError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, done)
+        messages.success(request, done if isinstance(done, str) else done(result))
+    return redirect("dashboard:run", code=run.code)
+
+
+def _invalid(request: HttpRequest, run: Run, why: str) -> HttpResponse:
+    """A form that does not say what the action needs: the run's page again, with why."""
+    messages.error(request, why)
     return redirect("dashboard:run", code=run.code)
 
 
@@ -174,13 +213,11 @@ def _decide(request: HttpRequest, code: uuid.UUID, decide: Callable[..., Run],
     run = _run_for(request, code, Ability.OPERATE)
     form = DecisionForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Choose an approval to decide.")
-        return redirect("dashboard:run", code=run.code)
+        return _invalid(request, run, "Choose an approval to decide.")
     try:
         approval = selectors.approval_get(run=run, pk=form.cleaned_data["approval"])
     except selectors.NotFound as exc:
-        messages.error(request, str(exc))
-        return redirect("dashboard:run", code=run.code)
+        return _invalid(request, run, str(exc))
 
     def act() -> None:
         # The approval the operator was shown, and no other: if it was decided meanwhile
@@ -233,12 +270,39 @@ def run_compensate(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_POST
+def run_terminate(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
+    """Stop the run now; its confirmation chose what then: unwind it, or hold it. A pending
+    run no worker took is settled at once, and the message says so."""
+    run = _run_for(request, code, Ability.OPERATE)
+    form = TerminateForm(request.POST)
+    if not form.is_valid():
+        return _invalid(request, run, "Choose what happens once the run stopped: unwind it, "
+                        "or hold it." if "then" in form.errors else
+                        "The reason is longer than 2000 characters.")
+    then = form.cleaned_data["then"]
+
+    def done(after: Run) -> str:
+        if after.status in (Run.Status.PENDING, Run.Status.RUNNING):  # a worker stops it
+            return ("Terminate requested: the worker stops the run at its next step, then "
+                    + ("unwinds it, newest step first." if then == "unwind" else
+                       "holds it for you."))
+        return ("Terminated before it started: nothing ran, nothing is undone." if
+                then == "unwind" else "Terminated before it started: it waits for you, "
+                "needing attention.")
+
+    return _act(request, run,
+                lambda: services.run_terminate(run=run, by=services.Actor(request.user),
+                                               then=then, reason=form.cleaned_data["reason"]),
+                done)
+
+
+@login_required
+@require_POST
 def run_resolve(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
     run = _run_for(request, code, Ability.OPERATE)
     form = ResolveForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Say what was done by hand: the note is required.")
-        return redirect("dashboard:run", code=run.code)
+        return _invalid(request, run, "Say what was done by hand: the note is required.")
     return _act(request, run,
                 lambda: services.run_resolve_by_hand(run=run, by=services.Actor(request.user),
                                                      note=form.cleaned_data["note"]),

@@ -1,9 +1,10 @@
-"""The web app's Stripe client, from settings (``STRIPE_API_KEY``, ``STRIPE_API_BASE``).
+"""The web app's Stripe client, from settings (``STRIPE_API_KEY``, ``STRIPE_API_BASE``,
+``STRIPE_MAX_NETWORK_RETRIES``, ``STRIPE_TIMEOUT_SECONDS``).
 
 Reads may be retried by the SDK (a GET changes nothing); a write is sent once (``ONCE``): after
 a lost answer the SDK would resend it blind, while a retry of ours re-reads the charge first,
 which holds beyond Stripe's 24-hour idempotency window and on stand-ins that keep no keys
-(``agents/checkout.py`` does the same).
+(``agents/stripe_support.py`` says the same for the agents).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from django.conf import settings
 __all__ = ["ONCE", "charge_id_of", "client", "money"]
 
 ONCE: Any = {"max_network_retries": 0}
-READ_RETRIES = 2
 
 # Stripe's currencies without a minor unit: an amount of 500 JPY is 500 yen, not 5.00.
 _ZERO_DECIMAL = frozenset({"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf",
@@ -26,9 +26,10 @@ _ZERO_DECIMAL = frozenset({"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga
 def client() -> stripe.StripeClient:
     """A client for this deployment's Stripe (or its local stand-in). Made per call: cheap, and
     a test's ``override_settings`` is seen."""
-    return stripe.StripeClient(settings.STRIPE_API_KEY,
-                               base_addresses={"api": settings.STRIPE_API_BASE},
-                               max_network_retries=READ_RETRIES)
+    return stripe.StripeClient(
+        settings.STRIPE_API_KEY, base_addresses={"api": settings.STRIPE_API_BASE},
+        max_network_retries=settings.STRIPE_MAX_NETWORK_RETRIES,
+        http_client=stripe.new_default_http_client(timeout=settings.STRIPE_TIMEOUT_SECONDS))
 
 
 def charge_id_of(intent: Any) -> str | None:

@@ -12,6 +12,9 @@ class RunsConfig(AppConfig):
         from django.conf import settings
 
         from agents import registry
-        from stateguard_web.runs import checks  # noqa: F401  (registers the agents' check)
+        from stateguard_web.runs import (
+            checks,  # noqa: F401  (registers the agents' check)
+            retention_checks,  # noqa: F401  (and retention's)
+        )
 
         registry.use_modules(settings.STATEGUARD_AGENTS)

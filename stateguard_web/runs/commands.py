@@ -1,6 +1,7 @@
 """What the run commands share: the run named on the command line, who acts, and clear refusals.
 
-``approve``, ``reject``, ``retry``, ``compensate`` and ``resolve`` are each an ``ActionCommand``:
+``approve``, ``reject``, ``retry``, ``compensate``, ``terminate`` and ``resolve`` are each an
+``ActionCommand``:
 it takes ``RUN`` and ``--by``, and its ``act()`` calls one service. Without ``--by`` the audit
 trail names ``cli:<login name>``; with ``--by alice`` it names alice and says that it was done
 from the command line, from which login (``"via": "cli:<login name>"``, ``cli_actor()``), so

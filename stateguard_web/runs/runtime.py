@@ -104,6 +104,8 @@ def agent_settings() -> AgentSettings:
     """What the agents get from this deployment's settings (agents never import Django)."""
     return AgentSettings(stripe_api_key=settings.STRIPE_API_KEY,
                          stripe_api_base=settings.STRIPE_API_BASE,
+                         stripe_max_network_retries=settings.STRIPE_MAX_NETWORK_RETRIES,
+                         stripe_timeout=settings.STRIPE_TIMEOUT_SECONDS,
                          sandbox_dir=Path(settings.STATEGUARD_SANDBOX_DIR),
                          mail=mail_settings(), aws=aws_settings(),
                          options=settings.STATEGUARD_AGENT_OPTIONS)
@@ -185,10 +187,9 @@ def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
 @receiver(setting_changed)
 def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
     # A test's override_settings(STRIPE_API_BASE=...) must reach the agents built after it.
-    if setting in ("STRIPE_API_KEY", "STRIPE_API_BASE", "STATEGUARD_SANDBOX_DIR",
-                   "STATEGUARD_ON_CRASH", "STATEGUARD_MAIL_DIR", "DEFAULT_FROM_EMAIL",
-                   "STATEGUARD_AGENT_OPTIONS") or setting.startswith(
-                       ("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_", "AWS_")):
+    if setting in ("STATEGUARD_SANDBOX_DIR", "STATEGUARD_ON_CRASH", "STATEGUARD_MAIL_DIR",
+                   "DEFAULT_FROM_EMAIL", "STATEGUARD_AGENT_OPTIONS") or setting.startswith(
+                       ("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_", "AWS_", "STRIPE_")):
         _guard.cache_clear()
         _spec.cache_clear()
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 from pydantic import ValidationError
 
@@ -21,8 +22,9 @@ from stateguard import lifecycle, rewind
 from stateguard.exceptions import ConfigurationError, InvalidRunState
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
+from stateguard.stops import THEN, StopRequest
 from stateguard_web.runs import runtime, selectors, tasks
-from stateguard_web.sagas import events
+from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import leases
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
 
@@ -171,6 +173,17 @@ def _allowed(action: Action, run: Run, *, pivot: bool = False) -> None:
                             pivot=selectors.run_pivot(run=run) if pivot else None)
     if why is not None:
         raise ActionNotAllowed(why)
+    _not_purged(run)
+
+
+def _not_purged(run: Run) -> None:
+    """A run retention purged has no steps or checkpoints left: compensating it would find
+    nothing to undo and call it compensated with its charge still out (runs/retention.py)."""
+    if run.purged_at is not None:
+        raise ActionNotAllowed(
+            f"run {run.code} was purged on {run.purged_at:%Y-%m-%d} (retention): its steps and "
+            "checkpoints are gone, only its effects (the ledger) and audit trail are kept; "
+            "undo an effect by hand (a refund in the payments admin)")
 
 
 def _request(run: Run, by: By, action: Action, **details: Any) -> None:
@@ -262,6 +275,7 @@ def run_retry(*, run: Run, by: By, from_step: str | None = None,
         _audit(run, by, "run.retry_requested")
         return run
     step = _text(from_step, "from_step", 300)
+    _not_purged(run)
     try:
         seen = selectors.run_rewind(run=run, from_step=step)
     except selectors.StepNotFound as exc:
@@ -298,6 +312,56 @@ def run_compensate(*, run: Run, by: By, reason: str = "") -> Run:
     _request(run, by, Action.COMPENSATE)
     _audit(run, by, "run.compensate_requested", **({"reason": reason} if reason else {}))
     return run
+
+
+@transaction.atomic
+def run_terminate(*, run: Run, by: By, then: str, reason: str = "") -> Run:
+    """Stop a run now (``stateguard.stops``), then unwind it (``then="unwind"``: its
+    compensations, newest first) or hold it ``needs_attention`` with ``reason`` (``"hold"``).
+
+    A pending run that no worker has taken never starts: it is settled here, at once
+    (compensated, nothing to undo; or held). Otherwise the request is left on the run: the
+    worker running it sees it at its lease's next heartbeat and stops at the next step
+    boundary; should that worker die first, whoever recovers the run carries it out (the
+    request is on the row, the sweep queues it again). Refused for a run that is not pending
+    or running, and, to unwind, for one past its pivot (hold it instead)."""
+    run = _locked(run)
+    reason = _text(reason, "reason")
+    if then not in THEN:
+        why = f"choose {' or '.join(THEN)}"
+        raise SubmissionError(f"then must be {' or '.join(THEN)}, not {then!r}",
+                              [{"loc": ["body", "then"], "msg": why}])
+    why = lifecycle.refusal(Action.TERMINATE, run.status, run=str(run.code),
+                            waiting=run.waiting_request,
+                            pivot=selectors.run_pivot(run=run) if then == "unwind" else None)
+    if why is not None:
+        raise ActionNotAllowed(why)
+    details = {"then": then, **({"reason": reason} if reason else {})}
+    if run.status == Run.Status.PENDING and not Run.objects.filter(leases.held(),
+                                                                  pk=run.pk).exists():
+        _cancel_pending(run, by, then, reason)  # type: ignore[arg-type]
+        _audit(run, by, "run.terminated", status=str(run.status), **details)
+        return run
+    _request(run, by, Action.TERMINATE, **details)
+    _audit(run, by, "run.terminate_requested", **details)
+    return run
+
+
+def _cancel_pending(run: Run, by: By, then: str, reason: str) -> None:
+    """A pending run no worker took: it never starts (``run_execute`` takes only a pending
+    run, and the row lock held here orders it after this). Nothing ran, nothing to undo."""
+    stop = StopRequest(then, _actor(by), reason)  # type: ignore[arg-type]
+    run.status = Run.Status.COMPENSATED if then == "unwind" else Run.Status.NEEDS_ATTENTION
+    run.error = stop.error().to_dict()
+    # A worker that took the run and stalled past its lease is fenced out: it must not start
+    # the run after this.
+    Run.objects.filter(pk=run.pk).update(
+        status=run.status, error=run.error, updated_at=timezone.now(), lease_owner="",
+        lease_expires_at=None, fencing_token=F("fencing_token") + 1)
+    run.refresh_from_db()
+    events.publish_change(run.code, "run.status", status=str(run.status))
+    if run.status == Run.Status.NEEDS_ATTENTION:  # operators are told (once this commits)
+        signals.run_waits.send(sender=Run, run_code=str(run.code), status=run.status)
 
 
 @transaction.atomic

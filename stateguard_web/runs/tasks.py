@@ -20,6 +20,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import redis
 from celery import Task, shared_task
 from django.conf import settings
 from django.db import connection, transaction
@@ -27,6 +28,7 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, fits
+from stateguard_web.runs import queue
 from stateguard_web.runs.runtime import agent_names, config_for, guard_for, has_checkpoint
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import LeaseLost
@@ -40,14 +42,15 @@ GuardAction = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 
 def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *,
-                request: str = "", by: str = "") -> None:
+                request: str = "", by: str = "") -> bool:
     """Run ``action`` with the run's guard. ``request`` names an operator's request (made by
-    ``by``) that the guard may refuse under the lease: the refusal is audited."""
+    ``by``) that the guard may refuse under the lease: the refusal is audited. ``False`` when
+    another worker held the run and, with no ``task`` to retry, this backed off."""
     if not isinstance(run, Run):
         run = Run.objects.get(pk=run)
     if run.agent not in agent_names():
         _unknown_agent(run, request, by)
-        return
+        return True
     guard, graph, _ = guard_for(run.agent)
     try:
         action(guard, graph, config_for(run.thread_id), run)
@@ -58,7 +61,7 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
     except RunLocked as exc:
         if task is None:
             logger.info("run %s is held by another worker; backing off", run.code)
-            return
+            return False
         raise task.retry(exc=exc, **_ACTION_RETRY) from exc
     except InvalidRunState as exc:  # the run moved on since the request, or a duplicate
         logger.info("run %s: %s", run.code, exc)
@@ -74,6 +77,7 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
             raise
         logger.warning("run %s held for an operator: %s: %s", run.code, type(exc).__name__,
                        exc)
+    return True
 
 
 def _unknown_agent(run: Run, request: str, by: str) -> None:
@@ -126,7 +130,8 @@ def run_execute(run_pk: int) -> None:
 @shared_task(acks_late=True, bind=True, name=f"{NAMES}.run_request")
 def run_request(self: Task, run_pk: int, request_id: str) -> None:
     """Carry out the operator's request left on the run (``services._request``): approve or
-    reject (the service decided the approval), retry (from an earlier step too), compensate.
+    reject (the service decided the approval), retry (from an earlier step too), compensate,
+    terminate.
     The guard checks, under the
     run's lease, that it still fits the run. Once carried out or refused, the request is
     cleared, and a duplicate delivery finds nothing to do."""
@@ -152,11 +157,21 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
             guard.compensate(graph, config, by=by)
         elif action == Action.RETRY_COMPENSATION:
             guard.retry_compensation(graph, config, request["step_id"], by=by)
+        elif action == Action.TERMINATE:
+            # A worker running the run holds its lease (RunLocked: tried again later); it
+            # sees the request at its lease's next heartbeat and stops at the next step
+            # boundary. Taken here: a pending run, or one whose worker died.
+            guard.terminate(graph, config, then=request["then"], by=by,
+                            reason=request.get("reason", ""), request_id=request_id)
         else:
             raise InvalidRunState(f"unknown request {action!r}")
 
-    # A RunLocked retry raises out of here and leaves the request for the next attempt.
-    _with_guard(run, carry_out, self, request=action, by=by)
+    # A RunLocked retry raises out of here and leaves the request for the next attempt. Not
+    # a terminate's: the worker holding the run carries it out (or, should it die, recovery,
+    # or this again once the sweep finds the run abandoned), and it stays on the run for them.
+    if not _with_guard(run, carry_out, None if action == Action.TERMINATE else self,
+                       request=action, by=by):
+        return
     if Run.objects.filter(pk=run_pk, request__id=request_id).update(request=None,
                                                                     requested_at=None):
         # Live pages say the request is no longer waiting (and re-read the run).
@@ -238,6 +253,40 @@ def _due(runs: QuerySet[Run], now: datetime, *, again: Q | None = None) -> list[
     return pks
 
 
+def _lost_pending(now: datetime, lease: timedelta) -> QuerySet[Run]:
+    """Pending runs whose message is gone (a broker that lost its data, a message that
+    expired), not those that wait their turn behind a backlog: submitted more than six leases
+    ago, no live worker starting them, and sent before every message that may still wait in
+    the runs' queue.
+
+    That queue is first in, first out, and only runs' messages wait in it (the rest go to the
+    ops queue, settings.py). When N messages wait there, they were sent for at most the N
+    pending runs submitted last: a run submitted before the N-th newest pending one, and not
+    handed again since, has no message left. A lease period more of margin spares the runs
+    whose message a worker has just taken and that it has not leased yet (measured: 5 in
+    10 000 otherwise). Counting each other message as a run's errs toward waiting: such a run
+    is queued again once the queue is shorter. Before this, every pending run older than six
+    leases was queued again each lease period however long the queue: a backlog of thousands
+    doubled its messages every 10 s (issue 22 §6)."""
+    old = Run.objects.filter(Q(lease_owner="") | abandoned(now), status=Run.Status.PENDING,
+                             created_at__lt=now - 6 * lease)
+    try:
+        waiting = queue.depth()
+    except redis.RedisError as exc:  # the next sweep asks again
+        logger.warning("sweep: the runs' queue's length is unknown (%r); no pending run is "
+                       "queued again this time", exc)
+        return old.none()
+    if not waiting:
+        return old
+    # The submission of the N-th newest pending run: one step along the status index.
+    nth = list(Run.objects.filter(status=Run.Status.PENDING).order_by("-created_at")
+               .values_list("created_at", flat=True)[waiting - 1:waiting])
+    if not nth:  # fewer pending runs than messages: every one may have its message there
+        return old.none()
+    cut = nth[0] - lease
+    return old.filter(created_at__lt=cut).exclude(requeued_at__gte=cut)
+
+
 def sweep_message_expiry() -> float:
     """Seconds a message queued by a sweep lives: sweeps piling up while the workers are down
     must not leave a burst of duplicates behind."""
@@ -269,8 +318,7 @@ def sweep_expired_leases() -> int:
     rounds = _due(_waiting_for_a_round(now), now, again=Q(requeued_at__lt=F("due_at")))
     for pk in rounds:
         run_retry_compensations.apply_async((pk,), expires=expires)
-    lost = _due(Run.objects.filter(status=Run.Status.PENDING, created_at__lt=now - 6 * lease),
-                now)
+    lost = _due(_lost_pending(now, lease), now)
     for pk in lost:
         run_execute.apply_async((pk,), expires=expires)
     # Requests whose message was lost (or whose worker gave up): still fitting the run, and
@@ -287,3 +335,23 @@ def sweep_expired_leases() -> int:
                     "%s, %d lost runs queued again %s, %d operator requests queued again %s",
                     len(dead), dead, len(rounds), rounds, len(lost), lost, len(undone), undone)
     return len(dead)
+
+
+@shared_task(acks_late=True)
+def purge_runs() -> int:
+    """Beat's retention pass (``runs/retention.py``): batch after batch, each its own short
+    transaction, for at most half the period between two passes, so that passes never overlap
+    for long; what is left waits for the next. Safe to run twice at once: each batch skips the
+    runs another holds locked. Nothing configured: nothing to do."""
+    from stateguard_web.runs import retention  # imports the saver's package: only when used
+
+    policy = retention.Policy.from_settings()
+    if not policy.keep:
+        return 0
+    outcome = retention.purge_runs(policy=policy,
+                                   max_seconds=settings.STATEGUARD_RETENTION_SECONDS / 2)
+    if outcome.runs:
+        logger.info("retention: %d runs purged in %d batches (%d deleted, %d thinned) %s",
+                    outcome.runs, outcome.batches, outcome.deleted, outcome.thinned,
+                    dict(outcome.by_status))
+    return outcome.runs

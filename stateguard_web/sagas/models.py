@@ -77,6 +77,24 @@ class Run(models.Model):
     # after (migration 0012): GET /metrics counts each run once, with a duration that stays.
     finished_at = models.DateTimeField(null=True, blank=True, editable=False)
     finished_status = models.CharField(max_length=20, blank=True, default="", editable=False)
+    # The incident a run is, or last was (failed, or needs attention): the step it failed at
+    # (its newest failed or violated step; else the step it was in when it stopped, in doubt),
+    # its error's type ("APIConnectionError"), and when it got there. Set by a trigger
+    # whenever a run's status becomes one of those or its error changes (migration 0022), so
+    # that every writer (the journal's SQL, services, the admin) keeps them true, and the
+    # Incidents page groups runs by one index (``sagas_run_incidents``) instead of reading the
+    # steps and errors of every run. "" when there is none (no step, no error); NULL on a
+    # run that never was an incident. Nullable, so that adding them rewrites no row.
+    failed_node = models.CharField(max_length=200, null=True, blank=True, editable=False)
+    error_type = models.CharField(max_length=200, null=True, blank=True, editable=False)
+    incident_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # When retention (runs/retention.py) deleted the run's steps, compensations, approvals and
+    # checkpoints and kept this thin row for its effects (the ledger) and its audit trail.
+    purged_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # When a worker first took the run from the queue (its first status past pending): set
+    # once by a trigger, whichever write gets there (migration 0024), never changed after. The
+    # workers page's "started per minute"; created_at to started_at is the time it queued.
+    started_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -103,6 +121,29 @@ class Run(models.Model):
             # GET /metrics: runs that finished since the last scrape (monitoring/journal_metrics.py)
             models.Index(fields=["finished_at"], name="sagas_run_finished",
                          condition=Q(finished_at__isnull=False)),
+            # Incidents (runs.incidents): failed and needs-attention runs counted by agent,
+            # step and error type in one GROUP BY over this index alone (index-only), the
+            # newest of each group and a group's runs (the runs list's filters) by a range.
+            models.Index(fields=["agent", "failed_node", "error_type", "status", "incident_at"],
+                         name="sagas_run_incidents",
+                         condition=Q(status__in=sorted(s.value for s in lifecycle.ATTENTION))),
+            # The runs list narrowed to where runs last failed, in any status since (its counts
+            # per status): the runs that ever failed only. The same columns as the one above,
+            # so that the planner, which cannot tell how many runs a group has, finds a run by
+            # its whole key in either.
+            models.Index(fields=["agent", "failed_node", "error_type", "status", "incident_at"],
+                         name="sagas_run_failed_at", condition=Q(failed_node__isnull=False)),
+            # Retention: the finished runs of a status not purged yet, oldest first. Partial, so
+            # the thin rows it keeps for the ledger (years of them) are not read again and
+            # again; created_at never changes and purged_at once, so lease writes stay HOT.
+            models.Index(fields=["status", "created_at"], name="sagas_run_retention",
+                         condition=Q(purged_at__isnull=True)),
+            # Retention of the ledger: the thin rows, oldest first.
+            models.Index(fields=["created_at"], name="sagas_run_purged",
+                         condition=Q(purged_at__isnull=False)),
+            # the workers page: runs started per minute over the last hour
+            models.Index(fields=["started_at"], name="sagas_run_started",
+                         condition=Q(started_at__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).

@@ -3,7 +3,8 @@
  * Live: a page listens on a websocket (consumers.py) and, when events arrive, re-reads itself
  * and swaps in the parts marked data-live-region: what a reload would show, nothing computed
  * here. A page with data-live="list" listens to every run (ws/runs/); data-live="run" to its
- * run (ws/runs/<code>/), and to every run only for the navigation's counts. After a dropped
+ * run (ws/runs/<code>/), and to every run only for the navigation's counts; data-live="workers"
+ * to every run, at most one re-read per 2 s, and on a timer (heartbeats publish nothing). After a dropped
  * connection the page reconnects with backoff and re-reads itself, so nothing is missed. The
  * only frame a page sends is a heartbeat ping: browsers do not expose websocket pings, and a
  * connection that died silently (a sleeping laptop, a proxy) would otherwise look live.
@@ -148,8 +149,12 @@
   // and does not tell the reader of an open confirmation that the run moved on.
   var rendered = {};
 
+  // Nor do the parts drawn against the clock (data-live-clock: a live run's timeline, whose
+  // open bars end "now"): they differ on every read, and change with the rest when it does.
   function normalized(el) {
-    return el.outerHTML.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
+    var copy = el.cloneNode(true);
+    copy.querySelectorAll("[data-live-clock]").forEach(function (c) { c.remove(); });
+    return copy.outerHTML.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
   }
 
   function remember(root) {
@@ -207,6 +212,9 @@
     document.querySelectorAll("input[data-pick]:checked").forEach(function (b) { ticked[b.value] = true; });
     var active = document.activeElement;
     var focusId = active && (active.id || (active.closest("details[id]") || {}).id);
+    // A frame scrolled sideways (the timeline on a phone) stays where the reader left it.
+    var scrolled = {};
+    document.querySelectorAll("[data-keep-scroll][id]").forEach(function (el) { scrolled[el.id] = el.scrollLeft; });
     remember(doc);
     document.querySelectorAll("[data-live-region][id]").forEach(function (el) {
       var fresh = doc.getElementById(el.id);
@@ -221,6 +229,10 @@
       (target.tagName === "DETAILS" ? target.querySelector("summary") : target).focus();
     }
     document.querySelectorAll("input[data-pick]").forEach(function (b) { b.checked = !!ticked[b.value]; });
+    Object.keys(scrolled).forEach(function (id) {
+      var el = document.getElementById(id);
+      if (el) el.scrollLeft = scrolled[id];
+    });
     document.title = doc.title;
     formatTimes(document);
     formatWaits(document);
@@ -421,6 +433,10 @@
       // data-live-every: a page that counts many runs (an agent's map) re-reads less often.
       var every = Number(body.dataset.liveEvery) || 300;
       new LiveSocket("/ws/runs/", function () { schedule(every); }, function () { schedule(0); });
+    } else if (body.dataset.live === "incidents") {
+      // Groups move with every run that fails or is retried: re-read at most every 2 s.
+      new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },
+                     function () { schedule(0); });
     } else if (body.dataset.live === "run" && body.dataset.run) {
       new LiveSocket("/ws/runs/" + body.dataset.run + "/", function () { schedule(120); },
                      function () { schedule(0); });
@@ -431,6 +447,14 @@
                      function () { schedule(0); });
       new LiveSocket("/ws/runs/", function () { schedule(1000); scheduleCounts(); },
                      scheduleCounts);
+    } else if (body.dataset.live === "workers") {
+      // The workers page: runs' events move its numbers (a re-read at most every 2 s, however
+      // many arrive), and workers' heartbeats publish nothing, so it re-reads on a timer too.
+      new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },
+                     function () { schedule(0); scheduleCounts(); });
+      setInterval(function () {
+        if (document.visibilityState !== "hidden") schedule(0);
+      }, Number(body.dataset.liveEvery) || WORKERS_EVERY);
     } else if (document.querySelector("[data-counts-url]")) {
       new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
     }

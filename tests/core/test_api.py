@@ -11,12 +11,13 @@ EXPECTED = {
     "ApprovalRejected", "ApprovalStatus", "Compensation", "CompensationFailed",
     "CompensationOutcome", "CompensationRetry", "CompensationStatus", "ConfigurationError",
     "Effect", "EffectLedger", "EffectRecord", "EffectStatus", "effect_key", "record_effect",
+    "step_effects",
     "ErrorInfo", "Event", "ExceptionContext", "GuardedState", "InMemoryJournal",
     "InvalidRunState", "Invariant", "InvariantInfo", "InvariantViolation", "Journal",
     "LeaseLost",
-    "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunView",
-    "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError", "StepKind",
-    "StepStatus", "SweepReport",
+    "Retriable", "RetryLater", "RunLocked", "RunNotFound", "RunStatus", "RunTerminated",
+    "RunView", "SagaAborted", "SqliteJournal", "StateGuardCheckpointer", "StateGuardError",
+    "StepKind", "StepStatus", "StopRequest", "SweepReport",
     "ToolCall", "ToolCallFailed", "UnwindReport", "tool_calls",
 }
 

@@ -19,6 +19,7 @@ from stateguard import (
     SqliteJournal,
     StateGuardCheckpointer,
     record_effect,
+    step_effects,
 )
 from stateguard.effects import EffectRecord
 from tests.core.support import FAST_RETRY, LineState, config, line_builder
@@ -156,3 +157,25 @@ def test_it_refuses_to_record_outside_a_step_and_bad_effects() -> None:
         Effect("stripe", "charge", "")
     with pytest.raises(ConfigurationError, match="amount"):
         Effect("stripe", "charge", "pi_x", amount=-1)
+
+
+def test_it_shows_a_compensation_what_the_ledger_holds_of_its_step() -> None:
+    seen: list[list[tuple[str, str]]] = []
+
+    def refund(state: dict[str, Any], ctx: Any) -> bool:
+        seen.append([(r.effect.external_id, str(r.status)) for r in step_effects()])
+        if ctx.attempt == 1:  # the refund went through; its answer was lost
+            raise ConnectionError("connection reset")
+        record_effect(Effect("stripe", "refund", "re_1", amount=5000, undoes="pi_1"))
+        return True
+
+    parts = charge_then_refund([])
+    guard = StateGuardCheckpointer(compensations={"charge": refund},
+                                   compensation_retry=FAST_RETRY)
+    graph = guard.compile(line_builder(["charge", "ship"], [], parts["bodies"]))
+    with pytest.raises(SagaAborted):
+        guard.invoke(graph, {"fail_at": "ship"}, config("seen"))
+
+    # Each attempt saw the charge of its step (not the ship step's), still applied.
+    assert seen == [[("pi_1", "applied")], [("pi_1", "applied")]]
+    assert step_effects() == []  # outside a step: no ledger at hand

@@ -1,7 +1,8 @@
 """A TCP relay in front of localstripe that pins a worker at an exact point of a Stripe call.
 
 Each rule takes the next requests whose request line starts with its prefix
-(``b"POST /v1/payment_intents"``):
+(``b"POST /v1/payment_intents"``) and, if it says ``containing``, that contain those bytes (an
+AWS query's action: ``b"Action=TerminateInstances"``):
 
 * ``hold_answer``: the request reaches Stripe, which acts and answers; the answer is held (the
   worker waits for it) until ``release()``. ``hold.reached`` is set once Stripe has answered.
@@ -10,6 +11,8 @@ Each rule takes the next requests whose request line starts with its prefix
 * ``fail``: answered with a 500 from "Stripe", not forwarded, ``times`` times (or always).
 * ``drop``: the connection is closed with no answer, not forwarded, ``times`` times (or
   always): Stripe out of reach, as the SDK sees it (``APIConnectionError``).
+* ``cut``: the request is forwarded (Stripe acts), and the connection closed instead of its
+  answer, ``times`` times (or always): the answer lost on the way back.
 
 Every other request is forwarded as it is. ``lift(rule)`` ends a rule (Stripe is back): the
 requests after it are forwarded.
@@ -33,8 +36,9 @@ FAILED = (b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json
 @dataclass
 class Rule:
     prefix: bytes
-    action: Literal["hold_answer", "hold_request", "fail", "drop"]
+    action: Literal["hold_answer", "hold_request", "fail", "drop", "cut"]
     times: int | None  # None: every matching request
+    containing: bytes = b""
     seen: int = 0
     reached: threading.Event = field(default_factory=threading.Event)
 
@@ -52,11 +56,14 @@ class StripeRelay(LossyRelay):
     def hold_request(self, prefix: bytes) -> Rule:
         return self._add(Rule(prefix, "hold_request", 1))
 
-    def fail(self, prefix: bytes, times: int | None = None) -> Rule:
-        return self._add(Rule(prefix, "fail", times))
+    def fail(self, prefix: bytes, times: int | None = None, *, containing: bytes = b"") -> Rule:
+        return self._add(Rule(prefix, "fail", times, containing))
 
-    def drop(self, prefix: bytes, times: int | None = None) -> Rule:
-        return self._add(Rule(prefix, "drop", times))
+    def drop(self, prefix: bytes, times: int | None = None, *, containing: bytes = b"") -> Rule:
+        return self._add(Rule(prefix, "drop", times, containing))
+
+    def cut(self, prefix: bytes, times: int | None = None, *, containing: bytes = b"") -> Rule:
+        return self._add(Rule(prefix, "cut", times, containing))
 
     def release(self) -> None:
         self.released.set()
@@ -79,8 +86,8 @@ class StripeRelay(LossyRelay):
     def _take(self, request: bytes) -> Rule | None:
         with self.lock:
             for rule in self.rules:
-                if request.startswith(rule.prefix) and (rule.times is None
-                                                        or rule.seen < rule.times):
+                if request.startswith(rule.prefix) and rule.containing in request and (
+                        rule.times is None or rule.seen < rule.times):
                     rule.seen += 1
                     return rule
         return None
@@ -103,6 +110,9 @@ class StripeRelay(LossyRelay):
                 with socket.create_connection(self.target) as upstream:
                     upstream.sendall(request)
                     answer = _read_message(upstream)
+                if rule is not None and rule.action == "cut":
+                    rule.reached.set()
+                    return  # Stripe acted; its answer is lost
                 if rule is not None:  # hold_answer
                     rule.reached.set()
                     self.released.wait()

@@ -63,6 +63,25 @@ def test_it_reads_settings_that_a_test_overrides(queue: redis.Redis) -> None:
     assert queue.llen("celery") == 1
 
 
+def test_it_queues_runs_apart_from_what_keeps_them_going(queue: redis.Redis) -> None:
+    # Behind a backlog of runs, a sweep or an operator's request must not wait its turn: they
+    # go to a queue of their own, which every worker consumes too (its default queues).
+    from stateguard_web.batches import tasks as batch_tasks
+    from stateguard_web.notifications import tasks as notification_tasks
+
+    ops = settings.STATEGUARD_OPS_QUEUE
+    assert set(app.amqp.queues) == {"celery", ops}
+    queue.delete(ops)
+    tasks.run_execute.delay(0)
+    for task, args in [(tasks.run_request, (0, "r")), (tasks.run_recover, (0,)),
+                       (tasks.run_retry_compensations, (0,)), (tasks.sweep_expired_leases, ()),
+                       (batch_tasks.batch_process, (0,)), (batch_tasks.batch_sweep, ()),
+                       (notification_tasks.notification_send, ("c", "e", "k"))]:
+        task.delay(*args)
+    assert queue.llen("celery") == 1 and queue.llen(ops) == 7
+    queue.delete(ops)
+
+
 def test_it_keeps_the_task_names_messages_already_queued_carry() -> None:
     # Queued before the tasks left stateguard_web.sagas.tasks, a message names the task by its
     # old name: a worker must still find it.

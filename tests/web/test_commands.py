@@ -1,4 +1,5 @@
-"""The operator commands: approve, reject, retry, compensate, resolve, and run_status's errors."""
+"""The operator commands: approve, reject, retry, compensate, terminate, resolve, and
+run_status's errors."""
 
 from __future__ import annotations
 
@@ -37,11 +38,12 @@ def command(name: str, *args: str) -> str:
 def queued(test: TestCase) -> Iterator[list[dict[str, Any]]]:
     """The Celery messages sent to the broker once the block's transaction commits."""
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
-    broker.delete("celery")  # only this block's tasks in the queue
+    queues = ("celery", settings.STATEGUARD_OPS_QUEUE)
+    broker.delete(*queues)  # only this block's tasks in the queues
     messages: list[dict[str, Any]] = []
     with test.captureOnCommitCallbacks(execute=True):
         yield messages
-    messages.extend(json.loads(m) for m in broker.lrange("celery", 0, -1))
+    messages.extend(json.loads(m) for queue in queues for m in broker.lrange(queue, 0, -1))
 
 
 class ActionTests(TestCase):
@@ -108,6 +110,24 @@ class ActionTests(TestCase):
                             "--by", "alice")
         event = AuditEvent.objects.get(run__code=submitted)
         assert (event.actor, event.action, event.data["via"]) == ("alice", "run.submitted", via)
+
+    def test_it_terminates_a_run_as_the_operator_chooses(self) -> None:
+        Run.objects.filter(pk=self.run.pk).update(status=Run.Status.RUNNING,
+                                                  lease_owner="w1:1:abc",
+                                                  lease_expires_at=self.run.created_at)
+        with pytest.raises(CommandError, match="the following arguments are required: --then"):
+            command("terminate", self.code)
+        with pytest.raises(CommandError, match="invalid choice: 'stop'"):
+            command("terminate", self.code, "--then", "stop")
+        with queued(self) as messages:
+            printed = command("terminate", self.code, "--then", "hold", "--reason", "stuck")
+        assert printed == (f"terminating run {self.code}: its worker stops it at the next "
+                           "step, then holds it")
+        assert self.for_this_run(messages) == 1
+        assert AuditEvent.objects.get(run=self.run).data == {"then": "hold", "reason": "stuck"}
+        pending = Run.objects.create(agent="checkout")
+        assert command("terminate", str(pending.code), "--then", "unwind") == (
+            f"terminated run {pending.code} before it started: compensated")
 
     def test_it_refuses_a_reject_without_a_reason_and_a_user_nobody_has(self) -> None:
         self.wait_for_approval()

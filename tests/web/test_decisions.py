@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
 from typing import Any
@@ -18,12 +19,13 @@ from stateguard_web.sagas.models import Approval, AuditEvent, Run
 
 
 def queued_tasks() -> list[str]:
-    """The names of the tasks waiting in the broker's default queue."""
+    """The names of the tasks waiting in the broker's queues (runs', then operations')."""
     import json
 
     broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     return [json.loads(m)["headers"]["task"].rsplit(".", 1)[-1]
-            for m in broker.lrange("celery", 0, -1)]
+            for queue in ("celery", settings.STATEGUARD_OPS_QUEUE)
+            for m in broker.lrange(queue, 0, -1)]
 
 
 class ConcurrentDecisionTests(TransactionTestCase):
@@ -71,7 +73,8 @@ class ConcurrentDecisionTests(TransactionTestCase):
 
 class SweeperTests(TestCase):
     def setUp(self) -> None:
-        redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+        self.broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        self.broker.flushdb()
 
     def test_it_queues_a_lost_run_once_per_lease_period(self) -> None:
         long_ago = timezone.now() - timedelta(hours=1)
@@ -87,8 +90,48 @@ class SweeperTests(TestCase):
         Run.objects.update(requeued_at=timezone.now() - timedelta(
             seconds=settings.STATEGUARD_LEASE_SECONDS + 1))  # a lease period later
         tasks.sweep_expired_leases()
-        assert sorted(queued_tasks()) == ["run_execute", "run_execute", "run_recover",
+        # The dead worker's run again; not the pending one: its message still waits.
+        assert sorted(queued_tasks()) == ["run_execute", "run_recover", "run_recover"]
+
+        self.broker.delete("celery")  # that message is lost too
+        Run.objects.update(requeued_at=timezone.now() - timedelta(
+            seconds=settings.STATEGUARD_LEASE_SECONDS + 1))
+        tasks.sweep_expired_leases()
+        assert sorted(queued_tasks()) == ["run_execute", "run_recover", "run_recover",
                                           "run_recover"]
+
+    def test_it_leaves_pending_runs_alone_while_their_messages_may_wait_in_the_queue(
+            self) -> None:
+        # A backlog: three runs submitted long ago wait behind each other, their messages in
+        # the queue. However long they wait, none is queued again...
+        long_ago = timezone.now() - timedelta(hours=1)
+        runs = []
+        for minutes in (3, 2, 1):  # the oldest first
+            with self.captureOnCommitCallbacks(execute=True):
+                runs.append(services.run_submit(agent="provision", input={"name": "x"}))
+            Run.objects.filter(pk=runs[-1].pk).update(
+                created_at=long_ago - timedelta(minutes=minutes))
+        for _ in range(3):
+            tasks.sweep_expired_leases()
+        assert queued_tasks() == ["run_execute"] * 3
+
+        # ...until the queue is shorter than the backlog: the two oldest messages are gone
+        # (Redis lost them, say) while their runs are still pending.
+        self.broker.rpop("celery")
+        self.broker.rpop("celery")
+        tasks.sweep_expired_leases()
+        again = [json.loads(m)["headers"]["argsrepr"] for m in self.broker.lrange("celery", 0, 1)]
+        assert sorted(again) == sorted(f"({r.pk},)" for r in runs[:2])
+        assert self.broker.llen("celery") == 3
+
+    def test_it_leaves_alone_a_pending_run_a_worker_is_starting(self) -> None:
+        # Its message taken from the queue, its lease taken, not yet written "running".
+        long_ago = timezone.now() - timedelta(hours=1)
+        starting = Run.objects.create(agent="provision", input={"name": "x"}, lease_owner="w9",
+                                      lease_expires_at=timezone.now() + timedelta(seconds=30))
+        Run.objects.filter(pk=starting.pk).update(created_at=long_ago)
+        tasks.sweep_expired_leases()
+        assert queued_tasks() == []
 
     def test_it_queues_again_a_request_no_worker_carried_out(self) -> None:
         run = Run.objects.create(agent="checkout", status=Run.Status.FAILED)

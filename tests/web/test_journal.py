@@ -247,8 +247,8 @@ def test_it_reads_one_step_in_one_query_by_its_run_and_id() -> None:
 
 def test_it_refuses_a_change_of_status_the_state_machine_does_not_allow() -> None:
     journal, code = DjangoJournal(), new_run()  # pending
-    with pytest.raises(InvalidRunState, match="cannot go from pending to compensated"):
-        journal.run_set_status(code, RunStatus.COMPENSATED)
+    with pytest.raises(InvalidRunState, match="cannot go from pending to paused"):
+        journal.run_set_status(code, RunStatus.PAUSED)
     assert Run.objects.get(code=code).status == Run.Status.PENDING  # nothing written
     Run.objects.filter(code=code).update(status=Run.Status.SUCCEEDED)
     journal.run_set_status(code, RunStatus.COMPENSATING)

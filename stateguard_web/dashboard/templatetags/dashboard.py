@@ -27,6 +27,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from agents.mailbox import digest_of
 from stateguard_web.dashboard import errors, labels, pages
+from stateguard_web.dashboard.hidden import hidden
 
 register = template.Library()
 
@@ -77,26 +78,7 @@ def took(start: datetime | None, end: datetime | None) -> str:
     """How long from ``start`` to ``end`` ("340 ms", "2.4 s", "3 min 5 s"); "" if unfinished."""
     if start is None or end is None:
         return ""
-    seconds = max((end - start).total_seconds(), 0.0)
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, rest = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {rest} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
-
-
-_KEPT = frozenset("\t\n\r\u200c\u200d")  # line breaks; the joiners some scripts and emoji need
-
-
-def _hidden(char: str) -> bool:
-    """Whether ``char`` draws nothing or moves the text around it: a control code (but tab
-    and line breaks), a format character (bidi controls, zero-width space, BOM; but the
-    zero-width joiners) or a line or paragraph separator."""
-    return char not in _KEPT and unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")
+    return labels.seconds_words((end - start).total_seconds())
 
 
 @register.filter
@@ -105,12 +87,12 @@ def visible(value: Any) -> SafeString:
     (``<span class="ctrl">U+202E</span>``, its name in the title). ASCII with nothing hidden
     but line breaks, most of what comes by, is only escaped: it has no right-to-left letter."""
     text = "" if value is None else str(value)
-    if text.isascii() and (text.isprintable() or not any(map(_hidden, text))):
+    if text.isascii() and (text.isprintable() or not any(map(hidden, text))):
         return escape(text)  # a traceback: ASCII lines
     parts, start = [], 0
     if not text.isprintable():  # else nothing is hidden (checked at C speed)
         for at, char in enumerate(text):
-            if _hidden(char):
+            if hidden(char):
                 parts += [escape(text[start:at]), format_html(
                     '<span class="ctrl" title="{}">{}</span>',
                     unicodedata.name(char, "control character"), f"U+{ord(char):04X}")]
@@ -124,7 +106,7 @@ def _json_text(text: str) -> str:
     C0 controls by itself; outside strings it writes nothing hidden but line breaks)."""
     if text.isprintable():
         return text
-    return "".join("".join(f"\\u{unit:04x}" for unit in _utf16(char)) if _hidden(char)
+    return "".join("".join(f"\\u{unit:04x}" for unit in _utf16(char)) if hidden(char)
                    else char for char in text)
 
 

@@ -47,7 +47,7 @@ from stateguard import ErrorInfo, RunLocked, RunNotFound
 from stateguard.effects import Effect as CoreEffect
 from stateguard.effects import EffectRecord, EffectStatus, settled_status
 from stateguard.functional import TASK_TAG
-from stateguard.lifecycle import CHANGES, check_change
+from stateguard.lifecycle import CHANGES, Action, check_change
 from stateguard.records import (
     EFFECT_STATUSES,
     ApprovalRecord,
@@ -61,6 +61,7 @@ from stateguard.records import (
     StepStatus,
     json_default,
 )
+from stateguard.stops import StopRequest
 from stateguard.tool_calls import TOOL_TAG
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal.leases import NOW_PLUS, TAKEN_OVER
@@ -68,6 +69,7 @@ from stateguard_web.sagas.journal.process_lock import ProcessLock
 from stateguard_web.sagas.journal.step_rows import FENCE_SQLSTATE, JOURNAL, StepBuffer, Taken
 from stateguard_web.sagas.models import (
     Approval,
+    AuditEvent,
     Compensation,
     CompensationAttempt,
     Effect,
@@ -114,12 +116,15 @@ _NO_FLUSH = (" FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no
              if connection.vendor == "postgresql" else "")
 # Take or renew the lease, naming this process's lock; a new holder gets the next fencing
 # token. Taken from another owner only as ``leases.TAKEN_OVER`` allows (its parameter: the grace).
+# With the run, the operator's request left on it: a terminate the guard asks about next
+# (``run_stop_requested``), at no round trip more per run.
 _LOCK = f"""
 UPDATE {_RUN} SET lease_owner = %s, lease_expires_at = {NOW_PLUS}, lease_lock = %s,
     fencing_token = CASE WHEN lease_owner = %s THEN fencing_token ELSE fencing_token + 1 END
 {_NO_FLUSH}
 WHERE code = %s AND (lease_owner = '' OR lease_owner = %s OR {TAKEN_OVER})
-RETURNING fencing_token, {_RUN_COLUMNS}"""
+RETURNING fencing_token, {_RUN_COLUMNS}, request"""
+_REQUEST = f"SELECT request FROM {_RUN} WHERE code = %s"
 _RENEW = f"""
 UPDATE {_RUN} SET lease_expires_at = {NOW_PLUS}, lease_lock = %s
 WHERE code = %s AND lease_owner = %s AND fencing_token = %s"""
@@ -180,6 +185,17 @@ def _error_json(error: ErrorInfo | None) -> dict[str, str] | None:
     return error.to_dict() if error else None
 
 
+def _stop(request: Any) -> StopRequest | None:
+    """The terminate an operator left on the run (``runs.services.run_terminate``), if the
+    request column (JSON, as the database returns it) holds one."""
+    if isinstance(request, str):  # SQLite, and psycopg's text for raw queries
+        request = json.loads(request)
+    if not isinstance(request, dict) or request.get("action") != Action.TERMINATE:
+        return None
+    return StopRequest(request.get("then", "unwind"), request.get("by") or None,
+                       request.get("reason", ""), id=str(request["id"]))
+
+
 def is_fenced_out(exc: BaseException) -> bool:
     """Whether a database error is the fence (``sagas_fence()``, in ``sagas_journal()`` or the
     checkpoint trigger) refusing a worker that lost its lease."""
@@ -209,6 +225,9 @@ class DjangoJournal:
         # (the runner checks the status right after): dropped at the first read or write.
         self._locked: dict[str, RunRecord] = {}
         self._released: set[str] = set()  # leases given up by the write that ended the run
+        # The terminate found on the run by the statement that took its lease (None: none),
+        # for the guard's question that follows (``run_stop_requested``): dropped when read.
+        self._stop_seen: dict[str, StopRequest | None] = {}
 
     # -- deferred step rows -----------------------------------------------------------------
     def fencing_token(self, run_id: str) -> int | None:
@@ -355,7 +374,8 @@ class DjangoJournal:
             if row is not None:
                 self._released.discard(run_id)
                 self._fences[run_id] = row[0]
-                self._locked[run_id] = self._run_record(row[1:])
+                self._locked[run_id] = self._run_record(row[1:-1])
+                self._stop_seen[run_id] = _stop(row[-1])
                 if self.defers_steps and self._locked[run_id].status == RunStatus.PENDING:
                     self._fresh.add(run_id)
                 return True
@@ -379,6 +399,32 @@ class DjangoJournal:
             cursor.execute(_RENEW, [float(ttl), key, code, owner, token])
             return bool(cursor.rowcount)
 
+    # -- operators' stops (stateguard.stops) -----------------------------------------------
+    def run_stop_requested(self, run_id: str) -> StopRequest | None:
+        if run_id in self._stop_seen:  # read by the statement that took the lease just now
+            return self._stop_seen.pop(run_id)
+        with connection.cursor() as cursor:
+            cursor.execute(_REQUEST, [self._fence(run_id)[0]])
+            row = cursor.fetchone()
+        return _stop(row[0]) if row else None
+
+    def run_stop_done(self, run_id: str, stop: StopRequest, status: RunStatus) -> None:
+        """The operator's terminate was carried out: clear it from the run (unless another
+        request replaced it meanwhile), audited with what became of the run."""
+        with transaction.atomic():
+            cleared = Run.objects.filter(code=run_id, request__id=stop.id).update(
+                request=None, requested_at=None)
+            run = Run.objects.filter(code=run_id).values_list("pk", flat=True).first()
+            if run is not None:
+                AuditEvent.objects.create(run_id=run, actor="worker", action="run.terminated",
+                                          data={"then": stop.then, "requested_by": stop.by,
+                                                "status": str(status),
+                                                **({"reason": stop.reason} if stop.reason
+                                                   else {})})
+        if cleared:  # live pages say the request is no longer waiting (and re-read the run)
+            events.publish_change(run_id, "run.request", action=None, done="terminate",
+                                  by=stop.by)
+
     def lock_release(self, run_id: str, owner: str) -> None:
         try:
             self._flush(run_id)
@@ -388,6 +434,7 @@ class DjangoJournal:
             self._buffer.forget(run_id)
             self._fresh.discard(run_id)
             self._locked.pop(run_id, None)
+            self._stop_seen.pop(run_id, None)
             code = self._fence(run_id)[0]
             self._fences.pop(run_id, None)
         if run_id in self._released:  # the run's last status write let go of it already

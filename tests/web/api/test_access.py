@@ -27,12 +27,22 @@ TABLE = [
      [401, 403, 403, 403, 202, 202, 401, 401]),
     ("compensate", "POST", "/api/runs/{failed}/compensate", {"reason": "customer asked"},
      [401, 403, 403, 403, 202, 202, 401, 401]),
+    # Operators only; a failed run is stopped already (409: compensate it instead).
+    ("terminate", "POST", "/api/runs/{failed}/terminate", {"then": "hold"},
+     [401, 403, 403, 403, 409, 409, 401, 401]),
     ("resolve", "POST", "/api/runs/{stuck}/resolve", {"note": "refunded by hand"},
      [401, 403, 403, 403, 200, 200, 401, 401]),
     ("retry compensation", "POST", "/api/compensations/{compensation}/retry", None,
      [401, 403, 403, 403, 202, 202, 401, 401]),
     ("agents", "GET", "/api/agents", None,
      [401, 200, 200, 200, 200, 200, 401, 401]),
+    # The workers and the queue tell of everyone's runs: not for a submitter.
+    ("workers", "GET", "/api/workers", None,
+     [401, 200, 403, 403, 200, 200, 401, 401]),
+    ("queue", "GET", "/api/queue", None,
+     [401, 200, 403, 403, 200, 200, 401, 401]),
+    ("throughput", "GET", "/api/queue/throughput", None,
+     [401, 200, 403, 403, 200, 200, 401, 401]),
 ]
 
 

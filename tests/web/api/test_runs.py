@@ -242,11 +242,14 @@ class AgentsAndSchemaTests(World):
         assert response.status_code == 200
         schema = response.json()
         assert set(schema["paths"]) == {
-            "/api/runs", "/api/runs/{code}", "/api/runs/{code}/approve",
+            "/api/runs", "/api/runs/{code}", "/api/runs/{code}/timeline",
+            "/api/runs/{code}/approve",
             "/api/runs/{code}/reject", "/api/runs/{code}/retry", "/api/runs/{code}/compensate",
-            "/api/runs/{code}/resolve", "/api/compensations/{id}/retry", "/api/agents",
-            "/api/agents/{name}/map", "/api/batches", "/api/batches/{code}",
-            "/api/batches/{code}/cancel"}
+            "/api/runs/{code}/resolve", "/api/runs/{code}/terminate",
+            "/api/compensations/{id}/retry", "/api/agents", "/api/agents/{name}/map",
+            "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel",
+            "/api/incidents", "/api/workers", "/api/queue", "/api/queue/throughput",
+            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default"}
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]

@@ -19,7 +19,7 @@ from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run,
 from tests.web.dashboard.world import SCRIPT, DashboardWorld, journal_state
 
 ACTION_URL = re.compile(r'action="/runs/[0-9a-f-]+/(approve|reject|retry|compensate|resolve|'
-                        r'compensations/\d+/retry)"')
+                        r'terminate|compensations/\d+/retry)"')
 
 
 def outside_details(html: str) -> str:
@@ -34,6 +34,12 @@ def outside_details(html: str) -> str:
         elif depth == 0:
             shown.append(part)
     return "".join(shown)
+
+
+def graph_svg(html: str) -> str:
+    """The agent's graph on a run's page (the timeline above it is an SVG too)."""
+    start = html.index('<svg class="graph"')
+    return html[start:html.index("</svg>", start)]
 
 
 def actions_on(html: str) -> list[str]:
@@ -243,7 +249,7 @@ class PageTests(DashboardWorld):
 
     def test_it_draws_the_agents_graph_with_each_steps_status(self) -> None:
         html = self.client_for("vera").get(self.url(self.paused)).content.decode()
-        svg = html[html.index("<svg"):html.index("</svg>")]
+        svg = graph_svg(html)
         assert re.search(r'class="graph-node st-ok" data-node="create_customer">', svg)
         assert re.search(r'class="graph-node st-wait graph-current" data-node="charge_user">',
                          svg)
@@ -273,7 +279,7 @@ class PageTests(DashboardWorld):
         assert badge and "Whether it had its effect is unknown." in badge[1]
         note = re.search(r'<p class="note" data-in-doubt>([^<]+)</p>', html)
         assert note and note[1].endswith("Its compensation looked and found nothing to undo.")
-        svg = html[html.index("<svg"):html.index("</svg>")]
+        svg = graph_svg(html)
         node = re.search(r'<g class="graph-node st-warn" data-node="launch_instance"><title>'
                          r'([^<]+)</title>.*?<text class="graph-status"[^>]*>([^<]+)</text>',
                          svg)
@@ -305,7 +311,7 @@ class PageTests(DashboardWorld):
 
     def test_it_calls_each_status_the_same_on_its_badge_and_in_the_graph(self) -> None:
         html = self.client_for("vera").get(self.url(self.stuck)).content.decode()
-        svg = html[html.index("<svg"):html.index("</svg>")]
+        svg = graph_svg(html)
         for node, words in [("launch_instance", "compensated"),
                             ("attach_address", "compensation failed")]:
             shown = re.search(rf'data-compensation="{node}".*?<span aria-hidden="true">.</span> '
@@ -384,13 +390,13 @@ class WorkerHealthTests(DashboardWorld):
     def test_it_says_nothing_while_a_worker_beats_and_when_the_last_beat_was(self) -> None:
         heartbeat.beat(self.redis, "w1@host")  # what a worker does every 15 s
         assert self.banner(self.client_for("vera").get("/").content.decode()) == ""
-        fragment = self.client_for("vera").get("/workers")
+        fragment = self.client_for("vera").get("/workers/banner")
         assert fragment.status_code == 200 and 'id="workers-banner"' in fragment.content.decode()
         assert "data-workers-down" not in fragment.content.decode()
         # Its beat was 2 minutes ago: it died (the set's score is the Redis server's clock).
         (now, micro) = self.redis.time()
         self.redis.zadd(heartbeat.KEY, {"w1@host": now + micro / 1e6 - 120})
-        banner = self.banner(self.client_for("vera").get("/workers").content.decode())
+        banner = self.banner(self.client_for("vera").get("/workers/banner").content.decode())
         assert "(the last one 2 min ago)." in banner, banner
 
     def test_it_says_when_the_broker_does_not_answer(self) -> None:
@@ -413,8 +419,8 @@ class WorkerHealthTests(DashboardWorld):
         assert "the run waits for a worker (<span class=\"waited\"" in page
 
     def test_it_answers_the_banner_to_those_who_see_runs_only(self) -> None:
-        assert Client().get("/workers").status_code == 302
-        assert self.client_for("nobody").get("/workers").status_code == 403
+        assert Client().get("/workers/banner").status_code == 302
+        assert self.client_for("nobody").get("/workers/banner").status_code == 403
 
 
 class ButtonTests(DashboardWorld):
@@ -494,7 +500,7 @@ class ButtonTests(DashboardWorld):
         compensate = stuck[stuck.index('id="confirm-compensate"'):]
         compensate = compensate[:compensate.index("</dialog>")]
         # Newest step first; launch_instance's undo already succeeded, so it is not run again.
-        planned = re.findall(r"<li>undo <strong>(\w+)</strong>", compensate)
+        planned = re.findall(r"<li[^>]*>undo <strong>(\w+)</strong>", compensate)
         assert planned == ["attach_address", "create_group"]
         resolve = stuck[stuck.index('id="confirm-resolve"'):]
         assert "not the ones left failed: <strong>attach_address</strong>" in resolve

@@ -13,7 +13,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sagas', '0021_run_lease_lock'),
+        ('sagas', '0024_run_started_at'),
     ]
 
     operations = [

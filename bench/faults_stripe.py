@@ -1,0 +1,387 @@
+"""Issue 22, fault 1 (R2): a provider that fails. Runs go through a relay that fails a share of
+every request to the provider, and what must be zero is counted from the provider's side.
+
+    .venv/bin/python bench/faults.py --fault stripe [--runs 100] [--seed 1] [--failures 0.3]
+    .venv/bin/python bench/faults.py --fault stripe --agent provision [--runs 40]
+
+Everything it uses is its own, started here and stopped at the end: the provider's stand-in
+(localstripe for ``checkout``, moto's server for ``provision``) behind a ``FaultRelay``
+(``bench/fault_relay.py``), the PostgreSQL database ``stateguard_faults_stripe`` (dropped,
+created and migrated), Redis database ``--redis-db`` (4, flushed: not at the same time as
+``r1_chaos.py``), one beat (the sweeper, and the wake-up of compensations that wait out an
+outage) and ``--workers`` Celery workers of ``--concurrency`` processes, with production's
+settings (DEBUG off) but for the waits of a failing compensation, shortened to fit a bench
+(``--later INITIAL,CAP,BUDGET``, default 2,10,300 s; production's is 30 s, 1 h, a day).
+
+The relay fails a share ``--failures`` (0.3) of every request, drawn from ``--seed``: half
+before the request reaches the provider (``--before``: ``500``, ``timeout``), half after it did
+(``--after``: ``cut``, ``late``; the provider acted, the answer is lost). A ``timeout`` or a
+``late`` answer is held ``--hang`` seconds, past the workers' Stripe timeout
+(``--client-timeout``, given to them as ``STRIPE_TIMEOUT_SECONDS``).
+
+``checkout``: ``--runs`` checkouts at ``--rate`` a second, half of them (by the seed) set to
+fail their booking after the charge, so that they unwind. Counted from localstripe's own
+objects, as ``r1_chaos.py`` counts them (its ``count``): orphan charges (charged, the run not
+succeeded, not refunded in full), double refunds, refunds of succeeded runs, duplicate
+charges, runs not finished (a run held ``failed`` for an operator is one: it did not converge),
+charges held by runs ``needs_attention`` (once the compensation's wait has had its budget, an
+unwound run keeps no charge), and the effect ledger and the journal against Stripe.
+
+``provision``: ``--runs`` servers on moto's AWS (a security group, an instance, an Elastic IP,
+a DNS record), a share of them (``--fail-share``, 0.5) set to fail at their last step so that
+they unwind. Counted through boto3 from moto's own resources, by their ``stateguard:run`` tag:
+orphans (a live instance, address, group or record of a run that did not succeed), duplicates
+(two live instances or addresses of one run), succeeded runs missing a part, runs not finished.
+
+Exit status 1 when a count that must be 0 is not. Logs and ``report.json`` go to ``--log-dir``
+(default: a new folder under /tmp, printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from bench import databases
+from bench.fault_relay import AFTER, BEFORE, FaultRelay, aws_error, failed_answer, share_of
+from bench.procs import Worker, start_localstripe, start_moto, stop
+from bench.r1_chaos import DONE, MUST_BE_ZERO, count, log_errors, restart, settle
+
+DB_NAME = "stateguard_faults_stripe"
+STRIPE_KEY = "sk_test_faults"
+HELD = "charges held for an operator (run needs_attention)"
+# A run held "failed" waits for an operator: it has stopped moving, but has not converged.
+SETTLED = (*DONE, "failed")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="faults.py --fault stripe",
+                                     description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--agent", choices=["checkout", "provision"], default="checkout")
+    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=1.0, help="submissions per second")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=2, help="processes per worker")
+    parser.add_argument("--failures", type=float, default=0.3,
+                        help="share of the provider's requests that fail")
+    parser.add_argument("--before", default=",".join(BEFORE),
+                        help=f"faults before the provider, of {BEFORE} ('' for none)")
+    parser.add_argument("--after", default=",".join(AFTER),
+                        help=f"faults after the provider acted, of {AFTER} ('' for none)")
+    parser.add_argument("--hang", type=float, default=6.0,
+                        help="seconds a timeout or a late answer is held")
+    parser.add_argument("--client-timeout", type=float, default=4.0,
+                        help="the workers' STRIPE_TIMEOUT_SECONDS")
+    parser.add_argument("--retries", type=int, default=None,
+                        help="the workers' STRIPE_MAX_NETWORK_RETRIES (default: the settings')")
+    parser.add_argument("--latency", type=float, default=0.05,
+                        help="seconds the relay adds to each request")
+    parser.add_argument("--later", default="2,10,300",
+                        help="INITIAL,CAP,BUDGET seconds of a failing compensation's waits")
+    parser.add_argument("--fail-share", type=float, default=0.5,
+                        help="share of the runs set to fail after their effects")
+    parser.add_argument("--deadline", type=float, default=900.0,
+                        help="seconds to wait for every run to settle, after the last one")
+    parser.add_argument("--redis-db", type=int, default=4)
+    parser.add_argument("--log-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    for side in ("before", "after"):
+        names = tuple(n for n in getattr(args, side).split(",") if n)
+        allowed = BEFORE if side == "before" else AFTER
+        if set(names) - set(allowed):
+            parser.error(f"--{side}: {sorted(set(names) - set(allowed))} (of {allowed})")
+        setattr(args, side, names)
+    if not 0 <= args.failures <= 1 or len(args.later.split(",")) != 3:
+        parser.error("--failures is a share (0-1); --later is INITIAL,CAP,BUDGET")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the cleanup below
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix=f"faults-stripe-s{args.seed}-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # Production settings (DEBUG off, no .env file) but for the compensations' waits.
+    os.environ.update(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
+        REDIS_URL=f"redis://127.0.0.1:6379/{args.redis_db}", DEBUG="false",
+        SECRET_KEY="faults-" + "x" * 50, DJANGO_SETTINGS_MODULE="stateguard_web.settings",
+        STATEGUARD_ENV_FILE="", STRIPE_API_KEY=STRIPE_KEY,
+        STATEGUARD_SANDBOX_DIR=str(log_dir / "sandbox"),
+        STRIPE_TIMEOUT_SECONDS=str(args.client_timeout),
+        **dict(zip(("STATEGUARD_COMPENSATION_RETRY_LATER_INITIAL",
+                    "STATEGUARD_COMPENSATION_RETRY_LATER_CAP",
+                    "STATEGUARD_COMPENSATION_RETRY_LATER_BUDGET"), args.later.split(","),
+                   strict=True)))
+    if args.retries is not None:
+        os.environ["STRIPE_MAX_NETWORK_RETRIES"] = str(args.retries)
+    databases.recreate(DB_NAME)
+    import django
+
+    django.setup()
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
+    rng = random.Random(args.seed)
+    choose = share_of(args.failures, random.Random(f"relay-{args.seed}"), args.before,
+                      args.after)
+    if args.agent == "checkout":
+        provider, url = start_localstripe(log_dir)
+        relay = FaultRelay(url, choose, latency=args.latency, hang=args.hang)
+        env = {**os.environ, "STRIPE_API_BASE": relay.url}
+    else:
+        provider, url = start_moto(log_dir)
+        relay = FaultRelay(url, choose, latency=args.latency, hang=args.hang,
+                           failed=failed_answer(aws_error(), "text/xml"))
+        env = {**os.environ, "AWS_ENDPOINT_URL": relay.url, "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
+    celery = [sys.executable, "-m", "celery", "-A", "stateguard_web"]
+    beat = Worker("beat", [*celery, "beat", "-l", "info", "-s", str(log_dir / "beat-schedule")],
+                  env, log_dir)
+    workers = [Worker(f"w{i + 1}", [*celery, "worker", "-l", "info", "-c", str(args.concurrency),
+                                    "-n", f"faults-w{i + 1}@%h", "--without-mingle",
+                                    "--without-gossip"], env, log_dir)
+               for i in range(args.workers)]
+    print(f"faults stripe: {args.runs} {args.agent} runs, seed {args.seed}, {args.workers} "
+          f"workers x {args.concurrency}; {args.failures:.0%} of the provider's requests fail "
+          f"(before: {'/'.join(args.before) or '-'}, after: {'/'.join(args.after) or '-'}; "
+          f"hang {args.hang:.0f} s, client timeout {args.client_timeout:.0f} s); "
+          f"logs in {log_dir}", flush=True)
+    try:
+        report = load(args, rng, beat, workers)
+        for w in [*workers, beat]:  # nothing moves while the provider is counted
+            w.stop()
+        report["relay"] = dict(sorted(relay.counts.items()))
+        codes = report.pop("codes")
+        if args.agent == "checkout":
+            import stripe
+
+            client = stripe.StripeClient(STRIPE_KEY, base_addresses={"api": url})
+            report.update(count(client, codes, [], relay.counts))
+            # localstripe keeps no idempotency keys: a customer whose answer was lost and that
+            # the SDK sent again is made twice there (Stripe would answer the key once).
+            report["stripe"]["customers"] = sum(
+                1 for _ in client.v1.customers.list(params={"limit": 100}).auto_paging_iter())
+        else:
+            report.update(count_aws(url, codes))
+        report.update(held_runs(report))
+        report["retries"] = journal_retries(list(codes))
+        report["log errors"] = log_errors(log_dir)
+    finally:  # also on Ctrl-C: nothing of ours is left running
+        for w in [*workers, beat]:
+            w.stop()
+        relay.close()
+        stop(provider)
+    (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
+    bad = print_report(report)
+    print(f"logs and report.json in {log_dir}")
+    return 1 if bad else 0
+
+
+def load(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: list[Worker]
+         ) -> dict[str, Any]:
+    """Start beat and the workers, submit the runs and wait for them to settle."""
+    from stateguard_web.runs import services
+
+    failing = set(rng.sample(range(args.runs), round(args.runs * args.fail_share)))
+    if args.agent == "checkout":
+        inputs = [{"email": f"faults-{i}@example.com", "amount": rng.randint(1_00, 100_00),
+                   "fail_booking": i in failing} for i in range(args.runs)]
+    else:
+        inputs = [{"name": f"srv-{i}", **({"fail_at": "create_record"} if i in failing else {})}
+                  for i in range(args.runs)]
+    codes: dict[str, dict[str, Any]] = {}  # run code -> its input
+    beat.start()
+    for w in workers:
+        w.start()
+    while not all(w.ready() for w in workers):
+        time.sleep(0.2)
+    start = time.monotonic()
+    while len(codes) < args.runs:
+        if start + len(codes) / args.rate <= time.monotonic():
+            run = services.run_submit(agent=args.agent, input=inputs[len(codes)])
+            codes[str(run.code)] = inputs[len(codes)]
+        restart(workers, time.monotonic())
+        time.sleep(0.02)
+    submitted = time.monotonic() - start
+    print(f"submitted {len(codes)} runs in {submitted:.0f} s; waiting for every run to settle "
+          f"(at most {args.deadline:.0f} s)", flush=True)
+    settle(list(codes), workers, start, args.deadline, SETTLED)
+    return {"agent": args.agent, "seed": args.seed, "runs": args.runs,
+            "failures": args.failures, "before": args.before, "after": args.after,
+            "hang": args.hang, "client_timeout": args.client_timeout, "later": args.later,
+            "retries": args.retries, "workers": args.workers, "concurrency": args.concurrency,
+            "submit_seconds": round(submitted),
+            "total_seconds": round(time.monotonic() - start),
+            "starts": {w.name: w.starts for w in workers},
+            "exits not ours": {w.name: w.exits for w in [*workers, beat] if w.exits},
+            "codes": codes}
+
+
+def journal_retries(codes: list[str]) -> dict[str, Any]:
+    """What absorbed the failures: the steps run again (by node: how many, the most attempts
+    one took) and the compensations tried again (how many, the most attempts, and how many
+    waited out their attempts and were woken by the sweeper)."""
+    from django.db.models import Count
+
+    from stateguard_web.sagas.models import Compensation, Step
+
+    steps: dict[str, list[int]] = defaultdict(list)
+    for node, attempt in Step.objects.filter(run__code__in=codes, attempt__gt=1).values_list(
+            "node", "attempt"):
+        steps[node].append(attempt)
+    tried = list(Compensation.objects.filter(run__code__in=codes).annotate(
+        n=Count("attempts")).filter(n__gt=1).values_list("n", flat=True))
+    # More attempts than a round's (5): it waited, durably, and the sweeper woke it.
+    waited = sum(1 for n in tried if n > 5)
+    return {"steps run again": {node: f"{len(a)} (at most {max(a)} attempts)"
+                                for node, a in sorted(steps.items())},
+            "compensations tried again": f"{len(tried)} (at most {max(tried, default=1)} "
+                                         f"attempts; {waited} waited for a later round)"}
+
+
+def held_runs(report: dict[str, Any]) -> dict[str, Any]:
+    """The runs held ``failed`` for an operator, by their error: they stopped, unconverged."""
+    from stateguard_web.sagas.models import Run
+
+    codes = [line.split()[0] for line in report["problems"].get("runs not finished", [])]
+    held = Counter(f"{(r.error or {}).get('type', '?')}: {str((r.error or {}).get('message'))[:70]}"
+                   for r in Run.objects.filter(code__in=codes, status="failed"))
+    return {"held failed": dict(held.most_common())}
+
+
+def count_aws(url: str, codes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What moto holds, by the runs' tags, against what the journal says of the runs: each
+    server part alive at AWS must be a succeeded run's, and the ledger must say of each part
+    what AWS does (``applied`` while it lives, ``compensated`` once it is gone)."""
+    from agents.aws import RUN_TAG, tag_of
+    from agents.registry import AwsSettings
+    from stateguard_web.sagas.models import Effect, Run
+    from tests.aws_world import AwsWorld
+
+    world = AwsWorld(AwsSettings(region="us-east-1", endpoint_url=url, access_key_id="testing",
+                                 secret_access_key="testing"))
+    runs = {str(r.code): r for r in Run.objects.filter(code__in=list(codes))}
+    of_name = {inp["name"]: code for code, inp in codes.items()}
+    alive: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for kind, things, key in (("instance", world._instances(alive=True), "InstanceId"),
+                              ("elastic_ip", world._addresses(), "AllocationId"),
+                              ("security_group", world._groups(), "GroupId")):
+        for thing in things:
+            alive[str(tag_of(thing, RUN_TAG))][kind].append(str(thing[key]))
+    for fqdn in world.records():  # srv-N.stateguard.test.: the ledger's id names its run
+        code = of_name.get(fqdn.split(".")[0], "?")
+        alive[code]["dns_record"].append(f"{fqdn} A {code}")
+    problems: dict[str, list[str]] = defaultdict(list)
+    for owner, parts in alive.items():
+        if owner not in runs:
+            problems["resources naming no run of this batch"].append(f"{owner} {dict(parts)}")
+            continue
+        if runs[owner].status != "succeeded":
+            for kind, ids in parts.items():
+                problems[f"orphan {PLURAL[kind]}"].append(f"{owner} {runs[owner].status} {ids}")
+        for kind in ("instance", "elastic_ip"):
+            if len(parts.get(kind, [])) > 1:
+                problems[f"duplicate {PLURAL[kind]}"].append(f"{owner} {parts[kind]}")
+    for code, run in runs.items():
+        if run.status not in DONE:
+            problems["runs not finished"].append(f"{code} {run.status}")
+        if run.status == "succeeded":
+            if missing := set(PLURAL) - set(alive.get(code, {})):
+                problems["succeeded runs missing a part"].append(f"{code} {sorted(missing)}")
+            if "fail_at" in codes[code]:
+                problems["failed runs that succeeded"].append(code)
+    ledger = {(str(code), kind, ext): status for code, kind, ext, status in Effect.objects.filter(
+        run__code__in=list(codes), kind__in=list(PLURAL)).values_list(
+            "run__code", "kind", "external_id", "status")}
+    for (code, kind, ext), status in ledger.items():
+        lives = ext in alive.get(code, {}).get(kind, [])
+        if lives != (status == "applied"):
+            problems["ledger: parts misstated"].append(
+                f"{code} {kind} {ext} {status}, AWS {'alive' if lives else 'gone'}")
+    for code, parts in alive.items():
+        for kind, ids in parts.items():
+            for ext in ids:
+                if (code, kind, ext) not in ledger:
+                    problems["ledger: parts missing"].append(f"{code} {kind} {ext}")
+    launched = len(world._instances(alive=False))
+    outcomes = Counter(f"{'fail_at' if 'fail_at' in codes[c] else 'ok'} -> {r.status}"
+                       for c, r in runs.items())
+    return {"outcomes": dict(sorted(outcomes.items())),
+            "aws": {"instances launched": launched,
+                    "alive": {kind: sum(len(p.get(kind, [])) for p in alive.values())
+                              for kind in PLURAL}},
+            "problems": {k: sorted(v) for k, v in problems.items()}}
+
+
+PLURAL = {"instance": "instances", "elastic_ip": "addresses", "security_group": "groups",
+          "dns_record": "records"}
+AWS_MUST_BE_ZERO = ("orphan instances", "orphan addresses", "orphan groups", "orphan records",
+                    "duplicate instances", "duplicate addresses", "runs not finished",
+                    "succeeded runs missing a part", "failed runs that succeeded",
+                    "resources naming no run of this batch", "ledger: parts misstated",
+                    "ledger: parts missing")
+
+
+def relay_summary(counts: dict[str, int]) -> tuple[int, Counter[str], list[str]]:
+    """Requests, faults by name, and a line per kind of write (its requests and faults)."""
+    faults: Counter[str] = Counter()
+    per_kind: dict[str, Counter[str]] = defaultdict(Counter)
+    total = 0
+    for key, n in counts.items():
+        kind, _, fault = key.rpartition(" ")
+        if fault in (*BEFORE, *AFTER):
+            faults[fault] += n
+            per_kind[kind][fault] += n
+        else:
+            total += n
+            per_kind[key]["requests"] += n
+    lines = [f"{kind}: " + ", ".join(f"{k} {v}" for k, v in c.most_common())
+             for kind, c in sorted(per_kind.items()) if not kind.startswith("GET")]
+    return total, faults, lines
+
+
+def print_report(report: dict[str, Any]) -> bool:
+    print(f"\n{report['runs']} {report['agent']} runs, seed {report['seed']}, "
+          f"{report['failures']:.0%} of the provider's requests failed; "
+          f"{report['total_seconds']} s in all")
+    bad = bool(report["exits not ours"])
+    if bad:
+        print(f"WORKERS EXITED BY THEMSELVES {report['exits not ours']}: see their logs")
+    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()))
+    total, faults, lines = relay_summary(report["relay"])
+    print(f"relay: {total} requests, {sum(faults.values())} failed "
+          f"({', '.join(f'{k} {v}' for k, v in faults.most_common())})"
+          + "".join(f"\n  {line}" for line in lines))
+    if "stripe" in report:
+        print("stripe: " + ", ".join(f"{k} {v}" for k, v in report["stripe"].items()))
+        names: tuple[str, ...] = (*MUST_BE_ZERO, HELD)
+    else:
+        print(f"aws: {report['aws']}")
+        names = AWS_MUST_BE_ZERO
+    problems = report["problems"]
+    print("counts from the provider, then the ledger and the journal against it (target 0):")
+    for name in names:
+        found = problems.get(name, [])
+        bad = bad or bool(found)
+        print(f"  {name:55} {len(found)}" + "".join(f"\n      {x}" for x in found[:10]))
+    print("retries: " + "; ".join(f"{k}: {v}" for k, v in report["retries"].items()))
+    for what in ("held failed", "needs_attention"):
+        found = report.get(what) or {}
+        print(f"{what}: {sum(found.values())}" + "".join(f"\n  {n} x {why}"
+                                                          for why, n in found.items()))
+    print(f"error lines in the logs: {sum(report['log errors'].values())}" + "".join(
+        f"\n  {n} x {line}" for line, n in report["log errors"].items()))
+    return bad
