@@ -255,3 +255,41 @@ class PageTests(MapWorld):
         every = self.client.get("/?agent=travel&node=tools&range=1h").content.decode()
         assert "Runs that stand or stopped at tools" in every
         assert every.count('data-run="') == 8  # 1 + 1 + 3 + 3
+
+
+class WithIncidentsFiltersTests(MapWorld):
+    """The map's node/what and an Incidents group's step/error_type narrow the same list:
+    together they select the runs that meet both, in the selector, the API, the page and a
+    batch, and each narrowing's "every run" link drops only its own pair."""
+
+    def setUp(self) -> None:
+        self.failed = self.runs["failed"]
+        # Its error set: the trigger of migration 0022 records where and with what it failed
+        # (its newest failed step: the tools node around the tool call that failed).
+        Run.objects.filter(pk=self.failed.pk).update(error={
+            "type": "Timeout", "message": "no answer", "traceback": ""})
+        self.both = {"node": "reserve_hotel", "what": "failed", "step": "tools",
+                     "error_type": "Timeout"}
+
+    def test_the_selector_and_a_batch_take_the_runs_meeting_both(self) -> None:
+        listed = selectors.run_list(runs=Run.objects.all(), **self.both)
+        assert [r.pk for r in listed] == [self.failed.pk]
+        assert not selectors.run_list(runs=Run.objects.all(), **{
+            **self.both, "node": "charge_card"}).exists()
+        preview = batches.batch_preview(action="retry", runs=Run.objects.all(),
+                                        filters=self.both)
+        assert preview["runs"] == [str(self.failed.code)]
+
+    def test_the_api_and_the_page_keep_both(self) -> None:
+        query = "node=reserve_hotel&what=failed&step=tools&error_type=Timeout"
+        client = Client()
+        client.force_login(self.vera)
+        body = client.get(f"/api/runs?{query}").json()
+        assert (body["count"], body["items"][0]["code"]) == (1, str(self.failed.code))
+        html = client.get(f"/?{query}").content.decode()
+        assert html.count('data-run="') == 1
+        assert "Runs failed at reserve_hotel" in html and "data-narrowed" in html
+        assert '<input type="hidden" name="node" value="reserve_hotel">' in html
+        assert '<input type="hidden" name="error_type" value="Timeout">' in html
+        assert 'href="?step=tools&amp;error_type=Timeout"' in html  # less the map's
+        assert 'href="?node=reserve_hotel&amp;what=failed"' in html  # less the incident's
