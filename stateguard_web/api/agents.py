@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from django.http import HttpRequest
+from django.utils import timezone
 from ninja import Router
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.api.auth import principal
 from stateguard_web.api.common import errors
-from stateguard_web.api.schemas import AgentOut
-from stateguard_web.runs import selectors
+from stateguard_web.api.schemas import AgentMapOut, AgentName, AgentOut, Window
+from stateguard_web.runs import agent_map, selectors
 
 router = Router(tags=["agents"])
 
@@ -21,3 +22,21 @@ def list_agents(request: HttpRequest) -> list[dict[str, object]]:
     and the JSON schema of its input."""
     access.check(principal(request).user, Ability.VIEW)
     return selectors.agent_list()
+
+
+@router.get("/{name}/map", response={200: AgentMapOut, **errors(404, 422)},
+            summary="An agent's map: where its runs stand and stopped")
+def get_agent_map(request: HttpRequest, name: AgentName,
+                  window: Window = "24h") -> dict[str, object]:
+    """For each node of the agent's graph (and each tool of an AI agent, under its tools
+    node), how many of the agent's runs created in the window (`1h`, `24h` or `7d`) are now at
+    it, wait for approval at it, failed at it, or were compensated after it, and the share of
+    the window's runs that failed there. The runs behind a count: `GET /api/runs?agent=...&
+    node=...&what=...&created_after=...`. Counts only the runs the caller may see."""
+    who = principal(request)
+    access.check(who.user, Ability.VIEW)
+    try:
+        return agent_map.agent_map_data(runs=access.visible_runs(who.user), agent=name,
+                                        window=window, now=timezone.now())
+    except KeyError:
+        raise selectors.NotFound(f"no agent {name!r}: GET /api/agents lists them") from None

@@ -73,8 +73,8 @@ def list_runs(request: HttpRequest, filters: Query[RunFilter]) -> dict[str, obje
     runs = selectors.run_list(
         runs=access.visible_runs(who.user), status=filters.status, agent=filters.agent,
         q=filters.q, created_after=filters.created_after,
-        created_before=filters.created_before, step=filters.step,
-        error_type=filters.error_type)
+        created_before=filters.created_before, node=filters.node, what=filters.what,
+        step=filters.step, error_type=filters.error_type)
     page = runs[filters.offset:filters.offset + filters.limit]
     return {"items": [selectors.run_summary(run=run) for run in page], "count": runs.count()}
 

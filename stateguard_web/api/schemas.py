@@ -66,8 +66,11 @@ Reason = _text(MAX_TEXT)
 Note = _text(MAX_TEXT, 1)
 Search = _text(200, 1)
 StepName = _text(300, 1)  # a step's id, or a node's name
-NodeName = _text(200, 1)  # Run.failed_node's length
+NodeName = _text(200, 1)  # a node's or a tool's name (Run.failed_node's length)
 ErrorType = _text(200, 1)  # Run.error_type's length
+# runs.agent_map.STOPS and WINDOWS, as the schema lists them (a test checks they agree).
+Stopped = Literal["now", "waiting", "failed", "compensated"]
+Window = Literal["1h", "24h", "7d"]
 # What services.run_submit accepts as a key: 1 to 200 printable characters.
 IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200),
                            AfterValidator(_printable)]
@@ -184,6 +187,10 @@ class RunFilters(Schema):
                                                   "input (case-insensitive)")
     created_after: Time | None = Field(None, description="ISO 8601; UTC if no offset")
     created_before: Time | None = None
+    node: NodeName | None = Field(None, description="runs that stand or stopped at this node "
+                                                    "or tool, as an agent's map counts them")
+    what: Stopped | None = Field(None, description="with `node`: how they stand or stopped "
+                                                   "there (any, if absent)")
     step: NodeName | None = Field(None, description="where the run last failed (its step's "
                                                     "node), as GET /api/incidents groups "
                                                     "runs; - for none on record")
@@ -380,6 +387,28 @@ class AgentOut(Out):
     approvals: list[str] = Field(
         description="the nodes, tools or tags gated by an operator's approval")
     input_schema: dict[str, Any] = Field(description="the JSON schema of the input")
+
+
+class MapNodeOut(Out):
+    name: str = Field(description="a node of the agent's graph, or a tool")
+    tool_of: str | None = Field(description="for a tool: the tools node its calls run in")
+    now: int = Field(description="runs running with this node's step started")
+    waiting: int = Field(description="runs paused for an approval at this node")
+    failed: int = Field(description="runs failed or needing attention, stopped here (a step "
+                                    "failed, broke an invariant or was cut off in doubt, or "
+                                    "its approval was rejected)")
+    compensated: int = Field(description="runs compensating or compensated, stopped here")
+    failure_share: float = Field(description="(failed + compensated) / runs")
+
+
+class AgentMapOut(Out):
+    agent: str
+    window: Window
+    since: datetime = Field(description="the window's start: runs created since are counted")
+    runs: int = Field(description="the agent's runs created in the window (that the caller "
+                                  "may see)")
+    nodes: list[MapNodeOut] = Field(description="in the graph's order, each tools node "
+                                                "followed by its tools")
 
 
 class BatchFilterIn(RunFilters):

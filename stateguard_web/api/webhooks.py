@@ -37,7 +37,7 @@ def rotate_webhook_secret(request: HttpRequest) -> dict[str, object]:
     return {"key": key.prefix, "secret": secret}
 
 
-@router.put("/default", response={200: WebhookDefaultOut, **errors(422)},
+@router.put("/default", response={200: WebhookDefaultOut, **errors(400, 422)},
             summary="Set the key's default webhook URL")
 def set_webhook_default(request: HttpRequest, data: WebhookDefaultIn) -> dict[str, object]:
     """Where the events of the key's submissions go when a submission names no URL."""

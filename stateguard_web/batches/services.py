@@ -49,8 +49,8 @@ from stateguard_web.batches.worker import CHECKS, batch_counts
 from stateguard_web.runs import selectors, services
 from stateguard_web.sagas.models import AuditEvent, Batch, BatchItem, Run
 
-FILTERS = ("status", "agent", "q", "created_after", "created_before", "step",  # run_list's
-           "error_type")
+FILTERS = ("status", "agent", "q", "created_after", "created_before", "node",  # run_list's
+           "what", "step", "error_type")
 
 
 class BatchRefused(services.ServiceError):

@@ -10,6 +10,7 @@ from django import forms
 from django.utils import timezone
 
 from stateguard_web.dashboard.pages import RANGES
+from stateguard_web.runs.agent_map import STOPS
 from stateguard_web.sagas.models import Run
 
 MAX_ID = 2**63 - 1
@@ -30,6 +31,11 @@ class RunFilterForm(forms.Form):
                             widget=forms.DateInput(attrs={"type": "date"}))
     before = forms.DateField(required=False, label="to (inclusive)",
                              widget=forms.DateInput(attrs={"type": "date"}))
+    # Where the runs stand or stopped, as an agent's map counts them (runs/agent_map.py): set
+    # by a click on the map, shown as what the list is narrowed to, kept by the filter form.
+    node = forms.CharField(required=False, max_length=200, label="Stopped at")
+    what = forms.ChoiceField(required=False, label="as", choices=[
+        ("", "any"), *((key, stop.words) for key, stop in STOPS.items())])
     # Where the run last failed and with what: an Incidents group's runs (incidents.py). Set
     # by the group's link, shown as what the list is narrowed to, kept by the filter form.
     step = forms.CharField(required=False, max_length=200, label="Failed at")
@@ -54,6 +60,7 @@ class RunFilterForm(forms.Form):
                 before = _start_of(data["before"] + timedelta(days=1), zone)
         return {"status": data.get("status") or "", "agent": data.get("agent") or "",
                 "q": data.get("q") or "", "created_after": after, "created_before": before,
+                "node": data.get("node") or "", "what": data.get("what") or "",
                 "step": data.get("step") or "", "error_type": data.get("error_type") or "",
                 "page": data.get("page") or 1}
 

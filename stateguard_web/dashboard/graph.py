@@ -12,7 +12,7 @@ added them within a layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
@@ -22,6 +22,7 @@ from stateguard_web.runs import runtime
 
 START, END = "__start__", "__end__"
 _ROW, _GAP, _BOX_H, _PAD = 78, 24, 46, 16
+_MAP_BOX_H = 62
 _CHAR_W = 7.4  # a node name's width per character at the picture's font size
 _STATUS_CHAR_W = 6.6  # the same for the smaller status line
 
@@ -45,6 +46,9 @@ class Layout:
     edges: tuple[tuple[str, str, bool], ...]  # source, target, conditional
     width: float
     height: float
+    # Steps drawn under the node they run in (an agent's map: the tool calls under ``tools``):
+    # (node, step), joined by a dotted line, not an edge of the graph.
+    under: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,8 @@ class NodeState:
     label: str
     current: bool = False
     note: str = ""
+    detail: str = ""  # a third line, in a taller box (an agent's map: the failure share)
+    href: str = ""  # where a click on the node goes (an agent's map: the runs stopped there)
 
 
 _not_run = labels.LABELS["graph"]["not_run"]
@@ -79,10 +85,23 @@ def _layout(agent: str) -> Layout:
     return layout(nodes, edges)
 
 
-def layout(nodes: list[str], edges: tuple[tuple[str, str, bool], ...]) -> Layout:
+@lru_cache(maxsize=64)  # per agent, and the tools its journal names besides its registry's
+def map_layout(agent: str, under: tuple[tuple[str, str], ...]) -> Layout:
+    """``agent``'s graph as its map draws it: taller boxes (a third line), and each step of
+    ``under`` (node, step: a tool and its tools node) drawn in the row below its node."""
+    graph = runtime.agent_spec(agent).build().compile().get_graph()
+    edges = tuple((e.source, e.target, bool(e.conditional)) for e in graph.edges)
+    return layout([*graph.nodes, *(step for _, step in under)], edges, under=under,
+                  box_h=_MAP_BOX_H)
+
+
+def layout(nodes: list[str], edges: tuple[tuple[str, str, bool], ...], *,
+           under: tuple[tuple[str, str], ...] = (), box_h: float = _BOX_H) -> Layout:
     out: dict[str, list[str]] = {n: [] for n in nodes}
     for source, target, _ in edges:
         out.setdefault(source, []).append(target)
+    for node, step in under:  # placed as a node's successors are: the row below it
+        out.setdefault(node, []).append(step)
     back = _back_edges(nodes, out)
     layer = {n: 0 for n in nodes}
     # Longest path on the graph without its back edges (a DAG): relax in topological order.
@@ -97,14 +116,15 @@ def layout(nodes: list[str], edges: tuple[tuple[str, str, bool], ...]) -> Layout
     row_widths = {r: sum(widths[n] for n in ns) + _GAP * (len(ns) - 1) for r, ns in rows.items()}
     width = max(row_widths.values(), default=0) + 2 * _PAD + 40  # room for loops on the right
     boxes = {}
+    row = box_h + _ROW - _BOX_H
     for r, ns in rows.items():
         x = (width - 40 - row_widths[r]) / 2
         for n in ns:
-            h = 30 if n in (START, END) else _BOX_H
-            boxes[n] = Box(n, x, _PAD + r * _ROW + (_BOX_H - h) / 2, widths[n], h)
+            h = 30 if n in (START, END) else box_h
+            boxes[n] = Box(n, x, _PAD + r * row + (box_h - h) / 2, widths[n], h)
             x += widths[n] + _GAP
-    height = _PAD * 2 + (max(rows, default=0)) * _ROW + _BOX_H
-    return Layout(boxes, edges, width, height)
+    height = _PAD * 2 + (max(rows, default=0)) * row + box_h
+    return Layout(boxes, edges, width, height, under)
 
 
 def _box_width(node: str) -> float:
@@ -186,6 +206,11 @@ def render(lay: Layout, states: dict[str, NodeState], *, title: str) -> SafeStri
             path = (f"M{a.x + a.w:.1f},{a.y + a.h / 2:.1f} C{right:.1f},{a.y + a.h / 2:.1f} "
                     f"{right:.1f},{b.y + b.h / 2:.1f} {b.x + b.w + 2:.1f},{b.y + b.h / 2:.1f}")
         parts.append(f'<path class="graph-edge" d="{path}"{dash} marker-end="url(#arrow)"/>')
+    for node, step in lay.under:
+        a, b = lay.boxes[node], lay.boxes[step]
+        parts.append(f'<path class="graph-under" d="M{a.cx:.1f},{a.y + a.h:.1f} '
+                     f'L{b.cx:.1f},{b.y:.1f}"/>')
+    steps_under = {step for _, step in lay.under}
     for node, box in lay.boxes.items():
         if node in (START, END):
             parts.append(
@@ -194,16 +219,26 @@ def render(lay: Layout, states: dict[str, NodeState], *, title: str) -> SafeStri
                 f'y="{box.y + box.h / 2 + 4:.1f}" text-anchor="middle">'
                 f'{"start" if node == START else "end"}</text></g>')
             continue
-        state = states.get(node, NOT_RUN)
-        css = f"graph-node st-{state.css}" + (" graph-current" if state.current else "")
-        words = ("▶ " if state.current else "") + state.label
-        tip = f"{node}: {words}" + (f". {state.note}" if state.note else "")
-        parts.append(
-            f'<g class="{css}" data-node="{escape(node)}"><title>{escape(tip)}</title>'
-            f'<rect x="{box.x:.1f}" y="{box.y:.1f}" width="{box.w:.0f}" height="{box.h:.0f}" '
-            f'rx="8"/><text class="graph-name" x="{box.cx:.1f}" '
-            f'y="{box.y + 19:.1f}" text-anchor="middle">{escape(_label(node))}</text>'
-            f'<text class="graph-status" x="{box.cx:.1f}" y="{box.y + 36:.1f}" '
-            f'text-anchor="middle"{_fit(words, box.w - 14)}>{escape(words)}</text></g>')
+        parts.append(_node(node, box, states.get(node, NOT_RUN), node in steps_under))
     parts.append("</svg>")
     return mark_safe("".join(parts))
+
+
+def _node(node: str, box: Box, state: NodeState, under: bool) -> str:
+    css = (f"graph-node st-{state.css}" + (" graph-current" if state.current else "")
+           + (" graph-step-under" if under else ""))
+    words = ("▶ " if state.current else "") + state.label
+    tip = f"{node}: {words}" + (f", {state.detail}" if state.detail else "") + (
+        f". {state.note}" if state.note else "")
+    lines = [(words, "graph-status", 36)] + (
+        [(state.detail, "graph-detail", 53)] if state.detail else [])
+    texts = "".join(
+        f'<text class="{cls}" x="{box.cx:.1f}" y="{box.y + dy:.1f}" text-anchor="middle"'
+        f'{_fit(text, box.w - 14)}>{escape(text)}</text>' for text, cls, dy in lines)
+    shape = (f'<title>{escape(tip)}</title><rect x="{box.x:.1f}" y="{box.y:.1f}" '
+             f'width="{box.w:.0f}" height="{box.h:.0f}" rx="8"/><text class="graph-name" '
+             f'x="{box.cx:.1f}" y="{box.y + 19:.1f}" text-anchor="middle">'
+             f'{escape(_label(node))}</text>{texts}')
+    if state.href:  # the whole box is the link, named by its words for a screen reader
+        shape = (f'<a href="{escape(state.href)}" aria-label="{escape(tip)}">{shape}</a>')
+    return f'<g class="{css}" data-node="{escape(node)}">{shape}</g>'

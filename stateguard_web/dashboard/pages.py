@@ -128,14 +128,15 @@ class RunListPage:
 
 def run_list_page(*, user: Any, status: str = "", agent: str = "", q: str = "",
                   created_after: datetime | None = None, created_before: datetime | None = None,
-                  step: str = "", error_type: str = "", page: int = 1) -> RunListPage:
+                  node: str = "", what: str = "", step: str = "", error_type: str = "",
+                  page: int = 1) -> RunListPage:
     """One page of the runs ``user`` may see, newest first, and the count of each status under
     the other filters (the chips), each capped at ``COUNT_CAP``: one index range per status
     (the (status, -created_at) index), never a count of every run. The total comes from those
     counts; past the cap the page knows only whether there is a next one."""
     filters = {"agent": agent or None, "q": q or None, "created_after": created_after,
-               "created_before": created_before, "step": step or None,
-               "error_type": error_type or None}
+               "created_before": created_before, "node": node or None, "what": what or None,
+               "step": step or None, "error_type": error_type or None}
     visible = access.visible_runs(user)
     unfiltered = selectors.run_list(runs=visible, **filters)
     counts = _capped_counts_by_status(unfiltered)

@@ -3,7 +3,15 @@ from __future__ import annotations
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from stateguard_web.dashboard import batches, incidents, outbox, refunds, rewinds, views
+from stateguard_web.dashboard import (
+    agent_map,
+    batches,
+    incidents,
+    outbox,
+    refunds,
+    rewinds,
+    views,
+)
 
 app_name = "dashboard"
 
@@ -30,6 +38,8 @@ urlpatterns = [
     path("inbox/counts", views.inbox_counts, name="inbox_counts"),
     path("workers/", views.workers_page, name="workers_page"),
     path("workers/banner", views.workers_banner, name="workers"),
+    path("agents/", agent_map.agent_maps, name="agent_maps"),
+    path("agents/<str:name>/map", agent_map.agent_map_view, name="agent_map"),
     path("outbox/", outbox.outbox, name="outbox"),
     path("outbox/<str:digest>/", outbox.outbox_message, name="outbox_message"),
     path("login/", views.LoginView.as_view(), name="login"),

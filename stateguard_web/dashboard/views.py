@@ -22,6 +22,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET, require_POST
 
@@ -39,7 +40,7 @@ from stateguard_web.dashboard.forms import (
 from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.monitoring import heartbeat
 from stateguard_web.monitoring import workers as monitoring
-from stateguard_web.runs import runtime, selectors, services
+from stateguard_web.runs import agent_map, runtime, selectors, services
 from stateguard_web.sagas.models import Approval, Batch, Run
 from stateguard_web.webhooks import selectors as webhooks
 
@@ -83,21 +84,46 @@ def run_list(request: HttpRequest) -> HttpResponse:
     query.pop("page", None)
     chip_query = query.copy()
     chip_query.pop("status", None)
-    unnarrowed = query.copy()  # the list less an Incidents group's step and error type
+    # Each narrowing's "every run" link drops that narrowing alone and keeps the other: the
+    # map's node and what (dashboard/agent_map.py), an Incidents group's step and error type.
+    whole = query.copy()
+    for key in ("node", "what"):
+        whole.pop(key, None)
+    unnarrowed = query.copy()
     for name in ("step", "error_type"):
         unnarrowed.pop(name, None)
     return render(request, "dashboard/runs.html", {
         "form": form, "page": page, "agents": agents, "filters": filters,
         "query": query.urlencode(), "chip_query": chip_query.urlencode(),
+        "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before",
+                                             "node", "step", "error_type")),
+        "stopped": stopped_words(filters["node"], filters["what"]),
+        "unstopped": whole.urlencode(), "map_url": _map_url(filters["agent"], request),
         "narrowed": failure_words(filters["step"], filters["error_type"]),
         "unnarrowed": unnarrowed.urlencode(),
-        "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before",
-                                             "step", "error_type")),
         # Batches (dashboard/batches.py): tick runs, or take every run of this filter.
         "can_operate": access.may(request.user, Ability.OPERATE),
         "filter_params": [(k, v) for k, v in query.items()],
         "batch_actions": Batch.Action.choices,
     })
+
+
+def _map_url(agent: str, request: HttpRequest) -> str:
+    """The agent's map, over the list's window if it has one of the map's."""
+    if agent not in runtime.agent_names():
+        return ""
+    window = request.GET.get("range", "")
+    return reverse("dashboard:agent_map", args=[agent]) + (
+        f"?window={window}" if window in agent_map.WINDOWS else "")
+
+
+def stopped_words(node: str, what: str) -> str:
+    """What a list narrowed by an agent's map holds: "failed at charge_card"."""
+    if not node:
+        return ""
+    stop = agent_map.STOPS.get(what)
+    return (f"{stop.words.removesuffix('it')}{node}" if stop
+            else f"that stand or stopped at {node}")
 
 
 @login_required

@@ -22,7 +22,7 @@ from stateguard.lifecycle import Pivot
 from stateguard.records import StepRecord, StepStatus
 from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.lib import rows as sql_rows
-from stateguard_web.runs import runtime
+from stateguard_web.runs import agent_map, runtime
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,
@@ -133,18 +133,24 @@ NO_INCIDENT_KEY = "-"
 
 def run_list(*, runs: QuerySet[Run], status: str | None = None, agent: str | None = None,
              q: str | None = None, created_after: datetime | None = None,
-             created_before: datetime | None = None, step: str | None = None,
+             created_before: datetime | None = None, node: str | None = None,
+             what: str | None = None, step: str | None = None,
              error_type: str | None = None) -> QuerySet[Run]:
     """``runs`` filtered, newest first. ``q`` matches the start of the run id or any text in
-    the input (case-insensitive). ``step`` and ``error_type``: where the run last failed and
-    with what (an Incidents group's runs; ``NO_INCIDENT_KEY`` for none on record). Status and
-    agent are served by the (status|agent, -created_at) indexes, the dates by (-created_at),
-    a failed or needs-attention run's step and error type by ``sagas_run_incidents``; ``q``
-    on the input scans the runs the other filters leave (no text index: see docs/api.md)."""
+    the input (case-insensitive). ``node`` (and ``what``, a key of ``agent_map.STOPS``): the
+    runs that stand or stopped there, as an agent's map counts them. ``step`` and
+    ``error_type``: where the run last failed and with what (an Incidents group's runs;
+    ``NO_INCIDENT_KEY`` for none on record). Status and agent are served by the
+    (status|agent, -created_at) indexes, the dates by (-created_at), ``node`` by the status
+    index and ``sagas_step_stopped``, a failed or needs-attention run's step and error type by
+    ``sagas_run_incidents``; ``q`` on the input scans the runs the other filters leave (no
+    text index: see docs/api.md)."""
     if status:
         runs = runs.filter(status=status)
     if agent:
         runs = runs.filter(agent=agent)
+    if node:
+        runs = runs.filter(agent_map.stopped_at(node, what or ""))
     if step:
         runs = runs.filter(failed_node="" if step == NO_INCIDENT_KEY else step)
     if error_type:

@@ -212,6 +212,12 @@ class Step(models.Model):
             # it each scrape reads every step. Its cost per step is in docs/deploy.md.
             models.Index(fields=["finished_at"], name="sagas_step_finished",
                          condition=Q(finished_at__isnull=False)),
+            # An agent's map and the runs list's "stopped at" filter (runs/agent_map.py): the
+            # steps that did not succeed, by run, with their node and status (read from the
+            # index alone). A step is in it from its start until it succeeds (one small index
+            # entry per step); the map never reads the others.
+            models.Index(fields=["run", "node"], include=["status"], name="sagas_step_stopped",
+                         condition=Q(status__in=["started", "paused", "failed", "violated"])),
         ]
 
     def __str__(self) -> str:
@@ -293,6 +299,11 @@ class Approval(models.Model):
             # without reading every approval ever decided (P5, docs/benchmarks.md).
             models.Index(fields=["requested_at"], name="sagas_approval_pending",
                          condition=Q(status="pending")),
+            # An agent's map and the runs list's "stopped at" filter (runs/agent_map.py): the
+            # approvals that hold or stopped a run, by run, without the approved ones.
+            models.Index(fields=["run", "node"], include=["status"],
+                         name="sagas_approval_stopped",
+                         condition=Q(status__in=["pending", "rejected"])),
         ]
 
 

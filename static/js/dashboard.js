@@ -430,7 +430,9 @@
     }
 
     if (body.dataset.live === "list") {
-      new LiveSocket("/ws/runs/", function () { schedule(300); }, function () { schedule(0); });
+      // data-live-every: a page that counts many runs (an agent's map) re-reads less often.
+      var every = Number(body.dataset.liveEvery) || 300;
+      new LiveSocket("/ws/runs/", function () { schedule(every); }, function () { schedule(0); });
     } else if (body.dataset.live === "incidents") {
       // Groups move with every run that fails or is retried: re-read at most every 2 s.
       new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },

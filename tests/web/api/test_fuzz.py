@@ -155,6 +155,8 @@ def _aim(case: schemathesis.Case, world: World, pick: int) -> None:
             params["code"] = world.codes[pick]
         if "id" in params and pick % 2 == 0:
             params["id"] = world.compensations[0]
+        if "name" in params and pick < 6:  # an agent's map: one that exists
+            params["name"] = ("checkout", "travel")[pick % 2]
     body = case.body
     if isinstance(body, dict) and valid(ParameterLocation.BODY):
         if "approval" in body and pick % 2 == 0:

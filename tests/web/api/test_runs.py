@@ -246,11 +246,10 @@ class AgentsAndSchemaTests(World):
             "/api/runs/{code}/approve",
             "/api/runs/{code}/reject", "/api/runs/{code}/retry", "/api/runs/{code}/compensate",
             "/api/runs/{code}/resolve", "/api/runs/{code}/terminate",
-            "/api/compensations/{id}/retry", "/api/agents",
+            "/api/compensations/{id}/retry", "/api/agents", "/api/agents/{name}/map",
             "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel",
-            "/api/incidents",
-            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default",
-            "/api/workers", "/api/queue", "/api/queue/throughput"}
+            "/api/incidents", "/api/workers", "/api/queue", "/api/queue/throughput",
+            "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default"}
         statuses = schema["components"]["schemas"]["RunStatus"]["enum"]
         assert statuses == ["pending", "running", "paused", "failed", "succeeded",
                             "compensating", "compensated", "needs_attention"]

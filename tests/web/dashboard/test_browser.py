@@ -91,6 +91,17 @@ def run_status(page: Any, status: str, logs: Callable[[], str], timeout: float =
         pytest.fail(f"the page shows the run {shown}, not {status}\n{logs()[-8000:]}")
 
 
+def phone_page(browser: Any, context: Any, url: str, ready: str) -> tuple[Any, Any]:
+    """A phone's context, as ``context``'s user, and its page at ``url`` once ``ready`` shows:
+    a page that fits the phone's width."""
+    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
+    small = phone.new_page()
+    small.goto(url)
+    small.wait_for_selector(ready)
+    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    return phone, small
+
+
 def submit(agent: str, shop: Any, **data: Any) -> Run:
     return services.run_submit(agent=agent, input=data, by=services.Actor(shop))
 
@@ -553,11 +564,8 @@ def test_it_shows_a_step_cut_off_by_a_dead_worker_in_doubt(
     assert "Started and never finished" in (node.locator("title").text_content() or "")
     assert "running" not in " ".join(page.locator(".graph-status").all_text_contents())
     shot(page, "28-run-in-doubt")
-    phone = browser.new_context(viewport=PHONE, storage_state=context.storage_state())
-    small = phone.new_page()
-    small.goto(f"{url}/runs/{run.code}/")
-    small.wait_for_selector('[data-node="attach_address"][data-status="in_doubt"]')
-    assert small.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    phone, small = phone_page(browser, context, f"{url}/runs/{run.code}/",
+                              '[data-node="attach_address"][data-status="in_doubt"]')
     shot(small, "29-phone-run-in-doubt")
     phone.close()
     context.close()
