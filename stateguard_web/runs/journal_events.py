@@ -23,7 +23,8 @@ read from the database, in the websocket's shape (``{"type", "run", "node", "ste
 ``run.status``             the run's status, whenever it differs from the last one sent
 =========================  ===========================================================
 
-Facts go oldest first, by (time, key). A key names a fact for good (a step's attempt and
+Facts go oldest first, by time (of one time: a start before an end, an attempt before its
+outcome). A key names a fact for good (a step's attempt and
 phase, an attempt's number...), so a fact is never sent twice under two keys; a step run
 again is a new attempt, whose facts are new ones. The run's status is not a history in the
 journal, only what it is now: ``run.status`` says each status the stream found (a status the
@@ -50,7 +51,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Max, Model, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from stateguard.records import STUCK_COMPENSATIONS, CompensationStatus, ErrorInfo, RunStatus
 from stateguard_web.sagas.models import Approval, Compensation, CompensationAttempt, Run, Step
@@ -95,6 +97,10 @@ class Fact:
     at: int  # microseconds since 1970, the journal's time
     key: str  # names the fact for good: "s:<step id>:<attempt>:started", ...
     event: dict[str, Any]  # what is sent: the websocket's shape
+    # Facts of one time go in this order: a step's start before its end, an approval asked
+    # for before its decision, a compensation's attempts before its outcome (a fast step's
+    # two facts may share a microsecond).
+    rank: int = 0
 
 
 @dataclass(slots=True)
@@ -135,7 +141,7 @@ class Cursor:
                 fresh.append(fact)
         self.seen = {d: at for d, at in self.seen.items() if at is not None or d in known}
         self.seen.update(known)
-        return sorted(fresh, key=lambda f: (f.at, f.key))
+        return sorted(fresh, key=lambda f: (f.at, f.rank, f.key))
 
     def sent(self, fact: Fact) -> None:
         """``fact`` went to the client: its id (``id()``) now says so."""
@@ -176,7 +182,7 @@ def _step_facts(code: str, step: Step) -> Iterable[Fact]:
         data.update(invariant=match["name"] if match else None,
                     message=match["message"] if match else data["error"])
     yield Fact(_micros(step.finished_at), f"{prefix}:{step.status}", _event(
-        end, code, step.finished_at, step.node, step.step_id, **data))
+        end, code, step.finished_at, step.node, step.step_id, **data), rank=2)
 
 
 def _approval_facts(code: str, approval: Approval) -> Iterable[Fact]:
@@ -187,7 +193,7 @@ def _approval_facts(code: str, approval: Approval) -> Iterable[Fact]:
         yield Fact(_micros(approval.decided_at), f"a:{approval.pk}:decided", _event(
             "approval.decided", code, approval.decided_at, approval.node, approval.step_id,
             approval=approval.pk, decision=approval.status, by=approval.decided_by or None,
-            reason=approval.reason))
+            reason=approval.reason), rank=2)
 
 
 def _compensation_facts(code: str, comp: Compensation) -> Iterable[Fact]:
@@ -195,7 +201,7 @@ def _compensation_facts(code: str, comp: Compensation) -> Iterable[Fact]:
     for a in attempts:
         yield Fact(_micros(a.finished_at), f"c:{comp.pk}:{a.number}", _event(
             "compensation.attempt", code, a.finished_at, comp.node, comp.step.step_id,
-            compensation=comp.pk, attempt=a.number, ok=a.ok, error=_error(a.error)))
+            compensation=comp.pk, attempt=a.number, ok=a.ok, error=_error(a.error)), rank=1)
     status = CompensationStatus(comp.status)
     if status == CompensationStatus.RUNNING:
         return
@@ -207,7 +213,7 @@ def _compensation_facts(code: str, comp: Compensation) -> Iterable[Fact]:
     if comp.retry_at is not None:
         data["retry_at"] = comp.retry_at.timestamp()
     yield Fact(_micros(comp.updated_at), f"c:{comp.pk}:{status}:{count}", _event(
-        type, code, comp.updated_at, comp.node, comp.step.step_id, **data))
+        type, code, comp.updated_at, comp.node, comp.step.step_id, **data), rank=3)
 
 
 def facts(*, run: Run, after: int = -1) -> list[Fact]:
@@ -234,6 +240,36 @@ def facts(*, run: Run, after: int = -1) -> list[Fact]:
     for comp in comps:
         found += _compensation_facts(code, comp)
     return [f for f in found if f.at > after]
+
+
+def _newest(model: type[Model], time: Any) -> Subquery:
+    rows = model.objects.filter(run_id=OuterRef("pk")).order_by().values("run_id")
+    return Subquery(rows.annotate(newest=Max(time)).values("newest")[:1])
+
+
+def _count(model: type[Model]) -> Subquery:
+    rows = model.objects.filter(run_id=OuterRef("pk")).order_by().values("run_id")
+    return Subquery(rows.annotate(count=Count("pk")).values("count")[:1])
+
+
+def watched(runs: QuerySet[Run]) -> QuerySet[Run]:
+    """``runs`` with what ``fingerprint`` reads: the newest time of their steps, approvals and
+    compensations and how many steps they have, in the same query (a subquery each, on the
+    run's rows by index)."""
+    return runs.annotate(
+        steps_newest=_newest(Step, Coalesce("finished_at", "started_at")),
+        step_count=_count(Step),
+        approvals_newest=_newest(Approval, Coalesce("decided_at", "requested_at")),
+        compensations_newest=_newest(Compensation, "updated_at"))
+
+
+def fingerprint(run: Run) -> tuple[Any, ...]:
+    """What changes when the journal writes something of ``run`` that makes an event (a
+    ``watched`` run): a stream polls this, and reads the facts only when it changed. A fact
+    whose row commits with an older time than the newest one is not seen here; the live
+    update its write publishes makes the stream read anyway."""
+    return (run.status, run.steps_newest, run.step_count,  # type: ignore[attr-defined]
+            run.approvals_newest, run.compensations_newest)  # type: ignore[attr-defined]
 
 
 def status_event(run: Run) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -80,7 +81,7 @@ class EventsTests(World):
 
         assert response["Content-Type"] == "text/event-stream"
         assert (response["Cache-Control"], response["X-Accel-Buffering"]) == ("no-cache", "no")
-        assert parse(response.content)[1] == 5000  # WSGI: come back in the poll period
+        assert parse(response.content)[1] == 10_000  # WSGI: come back in the poll period
         assert kinds(events) == [
             ("step.started", "create_customer"), ("step.succeeded", "create_customer"),
             ("step.started", "charge_user"), ("step.failed", "charge_user"),
@@ -200,23 +201,29 @@ def publisher(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live, "_publisher", live._Publisher())
 
 
-@pytest.mark.django_db(transaction=True)
-async def test_it_streams_each_change_as_it_is_published_until_the_run_stops(
-        settings: Any, publisher: None) -> None:
-    # Polls rarely: what comes sooner came through the run's group (the bell).
-    settings.STATEGUARD_EVENTS_POLL_SECONDS = 30
-    settings.STATEGUARD_EVENTS_HEARTBEAT_SECONDS = 0.5
+async def follow(status: str) -> tuple[Run, AsyncIterator[bytes]]:
+    """A run in ``status`` (committed: the stream reads on threads of its own), and its stream
+    as a viewer reads it through Django's ASGI request (the streamed kind)."""
 
     def world() -> tuple[Run, str]:
         user = make_user("vera", "viewer")
-        run = Run.objects.create(agent="checkout", status=Run.Status.RUNNING, input={})
+        run = Run.objects.create(agent="checkout", status=status, input={})
         return run, accounts.api_key_create(user=user, name="vera")[1]
 
     run, key = await sync_to_async(world)()
     response = await AsyncClient().get(f"/api/runs/{run.code}/events",
                                        headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200 and response.streaming
-    chunks = aiter(response.streaming_content)
+    return run, aiter(response.streaming_content)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_streams_each_change_as_it_is_published_until_the_run_stops(
+        settings: Any, publisher: None) -> None:
+    # Polls rarely: what comes sooner came through the run's group (the bell).
+    settings.STATEGUARD_EVENTS_POLL_SECONDS = 30
+    settings.STATEGUARD_EVENTS_HEARTBEAT_SECONDS = 0.5
+    run, chunks = await follow(Run.Status.RUNNING)
     first = await anext(chunks)
     assert parse(first)[1] == 1000 and kinds(parse(first)[0]) == [("run.status", "running")]
     assert await asyncio.wait_for(anext(chunks), 5) == b": heartbeat\n\n"
@@ -238,3 +245,27 @@ async def test_it_streams_each_change_as_it_is_published_until_the_run_stops(
     assert time.monotonic() - started < 3  # the bell, not the 30 s poll
     assert kinds(parse(got)[0]) == [("step.started", "book_order"),
                                     ("step.succeeded", "book_order"), ("run.status", "succeeded")]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_it_finds_a_change_whose_live_update_was_lost(settings: Any) -> None:
+    # No update is published (Redis dropped it): the stream's poll finds that the journal
+    # changed, in one query, and reads it.
+    settings.STATEGUARD_EVENTS_POLL_SECONDS = 0.2
+    run, chunks = await follow(Run.Status.PAUSED)
+    assert kinds(parse(await anext(chunks))[0]) == [("run.status", "paused")]
+
+    def decided() -> None:
+        now = datetime.now(UTC)
+        Approval.objects.create(run=run, step_id="t-gate", node="charge_user",
+                                requested_at=now, status=Approval.Status.REJECTED,
+                                decided_by="charlie", decided_at=now)
+
+    await sync_to_async(decided)()
+    got = parse(await asyncio.wait_for(anext(chunks), 5))[0]
+    assert kinds(got) == [("approval.requested", "charge_user"),
+                          ("approval.decided", "charge_user")]
+    await sync_to_async(Run.objects.filter(pk=run.pk).update)(status=Run.Status.FAILED)
+    assert kinds(parse(await asyncio.wait_for(anext(chunks), 5))[0]) == [
+        ("run.status", "failed")]
+    assert [chunk async for chunk in chunks] == []  # the end: the run stopped
