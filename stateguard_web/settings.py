@@ -311,11 +311,12 @@ if STATEGUARD_WORKERS_POLL_SECONDS < 1:
                                "page asks that often).")
 
 # GET /api/runs/{code}/events (api/event_stream.py): a comment at least this often on a quiet
-# stream (a proxy's read timeout, nginx's 60 s, must be longer), and a read of the journal at
-# least this often besides the one each live update triggers (one lost while Redis was down);
-# under WSGI, the delay a client waits before it asks again (the stream's ``retry``).
+# stream (a proxy's read timeout, nginx's 60 s, must be longer), and a check whether the journal
+# changed at least this often besides the reads live updates trigger (one lost while Redis was
+# down; each check is a query per open stream: 10 s, not less, by default); under WSGI, the
+# delay a client waits before it asks again (the stream's ``retry``).
 STATEGUARD_EVENTS_HEARTBEAT_SECONDS = _seconds("STATEGUARD_EVENTS_HEARTBEAT_SECONDS", 15.0)
-STATEGUARD_EVENTS_POLL_SECONDS = _seconds("STATEGUARD_EVENTS_POLL_SECONDS", 5.0)
+STATEGUARD_EVENTS_POLL_SECONDS = _seconds("STATEGUARD_EVENTS_POLL_SECONDS", 10.0)
 if not (STATEGUARD_EVENTS_HEARTBEAT_SECONDS > 0 and STATEGUARD_EVENTS_POLL_SECONDS >= 0.1):
     raise ImproperlyConfigured("STATEGUARD_EVENTS_HEARTBEAT_SECONDS must be above 0 and "
                                "STATEGUARD_EVENTS_POLL_SECONDS at least 0.1.")
