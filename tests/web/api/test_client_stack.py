@@ -3,18 +3,18 @@ runs: Daphne (``make run``'s server, and the events' server in production), guni
 (production's HTTP) and a Celery worker, on the test database, with localstripe for Stripe,
 and nothing but HTTP between the test and them.
 
-One stack for the module (starting it is most of the time): the tests talk to it over HTTP
-only, each with runs of its own, and the database is emptied once they are done.
+One stack for the module (starting it is most of the time); each test talks to it over HTTP
+with keys and runs of its own, and the database is emptied after it (transactional tests, run
+after the others: an emptied database has none of the roles its migrations made).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -33,12 +33,10 @@ from tests.conftest import STRIPE_TEST_KEY, _free_port, _port_answers
 from tests.web.conftest import Server, Workers, wait_for
 from tests.web.nginx import Nginx, documented_config
 
-# The test database is made for tests that ask for it: these do, but read and write it only
-# through the stack (each test's own transaction, rolled back, holds nothing).
-pytestmark = pytest.mark.django_db
+# What a test writes is committed at once, for the stack to see.
+pytestmark = pytest.mark.django_db(transaction=True)
 
 CHECKOUT = {"email": "alice@example.com", "amount": 42_00}
-T = TypeVar("T")
 
 
 @dataclass
@@ -48,9 +46,9 @@ class Stack:
     workers: Workers
     proxy: Nginx  # docs/deploy.md's: the events to Daphne, the rest to gunicorn
     proxy_url: str
-    shop: str  # a submitter's key
-    other: str  # another submitter's
-    ops: str  # an operator's
+    shop: str = ""  # a submitter's key (each test's own)
+    other: str = ""  # another submitter's
+    ops: str = ""  # an operator's
 
     def client(self, key: str, server: str = "daphne") -> Client:
         url = self.proxy_url if server == "proxy" else getattr(self, server).url
@@ -62,11 +60,10 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(django_db_setup: None, django_db_blocker: Any, localstripe_url: str,
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def processes(django_db_setup: None, django_db_blocker: Any, localstripe_url: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     import redis
     from django.conf import settings
-    from django.core.management import call_command
 
     folder = tmp_path_factory.mktemp("client-stack")
     with django_db_blocker.unblock():
@@ -83,43 +80,33 @@ def stack(django_db_setup: None, django_db_blocker: Any, localstripe_url: str,
         proxy = Nginx(documented_config(port, servers[1].port, servers[0].port,
                                         folder / "static"), folder / "nginx")
         try:
-            keys = [key_for(name, role) for name, role in (
-                ("shop", "submitter"), ("other", "submitter"), ("ops", "operator"))]
             for server in servers:
                 server.wait_until_up()
             wait_for(lambda: _port_answers("127.0.0.1", port), 30, "nginx", proxy.logs)
-            yield Stack(*servers, workers, proxy, f"http://127.0.0.1:{port}", *keys)
+            yield Stack(*servers, workers, proxy, f"http://127.0.0.1:{port}")
         finally:
             proxy.stop()
             for server in servers:
                 server.stop()
             for proc in workers.procs:
                 workers.kill(proc)
-            call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture
+def stack(processes: Stack) -> Stack:
+    """The module's processes, with this test's keys (the last test's went with its rows)."""
+    processes.shop, processes.other, processes.ops = (key_for(name, role) for name, role in (
+        ("shop", "submitter"), ("other", "submitter"), ("ops", "operator")))
+    return processes
 
 
 def key_for(name: str, role: str) -> str:
     """A new API key of the service user ``name`` in ``role`` (made if missing), as
-    ``manage.py create_api_key`` makes one, committed at once."""
+    ``manage.py create_api_key`` makes one (in this process: no Django start-up)."""
     from stateguard_web.accounts import services as accounts
 
     user, _ = accounts.service_user_ensure(username=name, role=role)
     return accounts.api_key_create(user=user, name=name)[1]
-
-
-def committed(write: Callable[[], T]) -> T:
-    """``write`` on a connection of its own, committed at once: the test's own connection is
-    in the transaction that pytest-django rolls back after it (the stack would not see it)."""
-    from django.db import connection
-
-    def run() -> T:
-        try:
-            return write()
-        finally:
-            connection.close()
-
-    with ThreadPoolExecutor(1) as thread:
-        return thread.submit(run).result()
 
 
 def events(server: Server | str, key: str, code: str, last_id: str | None = None,
@@ -245,7 +232,7 @@ def test_it_ends_a_stream_whose_key_was_revoked(stack: Stack) -> None:
     from stateguard_web.accounts import services as accounts
     from stateguard_web.accounts.models import ApiKey
 
-    doomed = committed(lambda: key_for("doomed", "viewer"))
+    doomed = key_for("doomed", "viewer")
     run = stack.client(stack.shop).submit("checkout", {**CHECKOUT, "amount": 250_00})
     with stack.client(doomed) as sg:
         seen = []
@@ -253,8 +240,7 @@ def test_it_ends_a_stream_whose_key_was_revoked(stack: Stack) -> None:
             for event in sg.events(run.code):  # the run pauses: the stream stays open
                 seen.append(event.status)
                 if event.status == "paused":
-                    committed(lambda: accounts.api_key_revoke(
-                        key=ApiKey.objects.get(prefix=doomed[:11])))
+                    accounts.api_key_revoke(key=ApiKey.objects.get(prefix=doomed[:11]))
                     revoked = time.monotonic()
     # The stream ended at its next heartbeat (a second here); the client came back with its
     # last id, and was refused.
