@@ -339,6 +339,17 @@ if STATEGUARD_BACKLOG_WARN_SECONDS < 1:
 # commit (monitoring/version.py).
 STATEGUARD_VERSION = env.str("STATEGUARD_VERSION", default="")
 
+# GET /api/runs/{code}/events (api/event_stream.py): a comment at least this often on a quiet
+# stream (a proxy's read timeout, nginx's 60 s, must be longer), and a check whether the journal
+# changed at least this often besides the reads live updates trigger (one lost while Redis was
+# down; each check is a query per open stream: 10 s, not less, by default); under WSGI, the
+# delay a client waits before it asks again (the stream's ``retry``).
+STATEGUARD_EVENTS_HEARTBEAT_SECONDS = _seconds("STATEGUARD_EVENTS_HEARTBEAT_SECONDS", 15.0)
+STATEGUARD_EVENTS_POLL_SECONDS = _seconds("STATEGUARD_EVENTS_POLL_SECONDS", 10.0)
+if not (STATEGUARD_EVENTS_HEARTBEAT_SECONDS > 0 and STATEGUARD_EVENTS_POLL_SECONDS >= 0.1):
+    raise ImproperlyConfigured("STATEGUARD_EVENTS_HEARTBEAT_SECONDS must be above 0 and "
+                               "STATEGUARD_EVENTS_POLL_SECONDS at least 0.1.")
+
 # A compensation whose attempts in the worker are spent (a provider's outage) waits and is tried
 # again (stateguard.RetryLater): first after INITIAL seconds, then after as long as it has been
 # failing, at most CAP, until BUDGET seconds after its first attempt; only then does the run

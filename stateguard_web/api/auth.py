@@ -17,10 +17,12 @@ session, sets no cookie and needs no token (tests/web/api/test_keyed_requests.py
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest
 from ninja.errors import AuthenticationError, HttpError
@@ -87,6 +89,27 @@ class SessionAuth(APIKeyCookie):
         if check_csrf(request) is not None:
             raise CsrfFailed()
         return Principal(user)
+
+
+def recheck(request: HttpRequest) -> Callable[[], AbstractBaseUser | None]:
+    """For a response that lasts (``GET /api/runs/{code}/events``): the caller's user as a new
+    request would find it now (None: refused), to ask again later. A key is authenticated
+    again (revoked, expired, its user inactive: refused; no failure is counted, the key was
+    good); a session's user is read again (inactive or gone: refused)."""
+    who = principal(request)
+    header = request.headers.get("Authorization") or ""
+    token = header[len("Bearer "):].strip() if who.key is not None else None
+    pk = who.user.pk
+
+    def user() -> AbstractBaseUser | None:
+        if token is not None:
+            try:
+                return api_key_authenticate(token, address=None).user
+            except KeyRefused:
+                return None
+        return get_user_model().objects.filter(pk=pk, is_active=True).first()
+
+    return user
 
 
 def principal(request: HttpRequest) -> Principal:

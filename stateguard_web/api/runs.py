@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Annotated
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from ninja import Header, Query, Router, Status
 from ninja.errors import ValidationError
@@ -19,12 +19,15 @@ from pydantic import ValidationError as PydanticError
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.api.auth import principal
+from stateguard_web.api import event_stream
+from stateguard_web.api.auth import principal, recheck
 from stateguard_web.api.common import errors, run_for
 from stateguard_web.api.errors import JsonParser
 from stateguard_web.api.schemas import (
     CompensateIn,
     DecisionIn,
+    EventId,
+    EventOut,
     IdempotencyKey,
     ResolveIn,
     RetryIn,
@@ -38,6 +41,7 @@ from stateguard_web.api.schemas import (
     TimelineOut,
 )
 from stateguard_web.runs import selectors, services, timeline
+from stateguard_web.runs.journal_events import BadEventId, Cursor
 from stateguard_web.sagas.models import Approval, Run
 from stateguard_web.webhooks import selectors as webhooks
 from stateguard_web.webhooks import services as webhook_services
@@ -104,6 +108,39 @@ def get_run_timeline(request: HttpRequest, code: uuid.UUID) -> dict[str, object]
     in a lane of its group, from the journal's times."""
     _, run = run_for(request, code, Ability.VIEW)
     return timeline.as_data(timeline.read(run=run, now=timezone.now()), run)
+
+
+_EVENTS_DOC = {"responses": {
+    200: {"description": "the run's events as Server-Sent Events (text/event-stream): each "
+                         "`id: <cursor>`, `event: <type>`, `data: <JSON event>`; under "
+                         "Daphne the stream lasts until the run stops, under gunicorn it "
+                         "is what there is now, with `retry` (docs/api.md)",
+          "content": {event_stream.CONTENT_TYPE: {"schema": EventOut.sse_schema()}}},
+    204: {"description": "the run stopped and the client has every event: stop reconnecting"},
+}}
+
+
+@router.get("/{code}/events", response=errors(404, 422), summary="Follow a run's events",
+            openapi_extra=_EVENTS_DOC)
+def run_events(request: HttpRequest, code: uuid.UUID,
+               last_event_id: Annotated[EventId | None, Header(alias="Last-Event-ID")] = None
+               ) -> HttpResponse:
+    """The run's step, approval, compensation and status changes, as the dashboard's
+    websocket sends them, as Server-Sent Events, until the run stops (succeeded, compensated,
+    failed, needs_attention). With the `Last-Event-ID` of the last event read, only what came
+    after it: what the client missed, from the journal, then the rest."""
+    _, run = run_for(request, code, Ability.VIEW)
+    try:
+        cursor = Cursor.parse(last_event_id) if last_event_id else Cursor()
+    except BadEventId as exc:
+        raise ValidationError([{"loc": ("header", "Last-Event-ID"), "msg": str(exc)}]) from None
+    user = recheck(request)
+
+    def allowed() -> bool:  # the caller may still see the run (asked on each heartbeat)
+        now = Run.objects.filter(pk=run.pk).first()
+        return now is not None and access.may(user(), Ability.VIEW, now)
+
+    return event_stream.respond(request, run, cursor, allowed)
 
 
 def _decide(request: HttpRequest, code: uuid.UUID, data: DecisionIn,

@@ -75,6 +75,11 @@ Window = Literal["1h", "24h", "7d"]
 IdempotencyKey = Annotated[str, StringConstraints(min_length=1, max_length=200),
                            AfterValidator(_printable)]
 
+# GET /api/runs/{code}/events's Last-Event-ID: an id that stream sent (runs.journal_events
+# says what makes one; these bound it before it is parsed).
+EventId = Annotated[str, StringConstraints(min_length=1, max_length=700),
+                    AfterValidator(_printable)]
+
 
 class In(BaseModel):
     """A request's body. Unknown fields are refused. A plain pydantic model, as the Outs are:
@@ -376,6 +381,37 @@ class TimelineOut(Out):
     lanes: dict[str, int] = Field(description="per group, its lanes: how many of its bars ran "
                                               "at once, at most")
     bars: list[TimelineBarOut] = Field(description="by group, then start")
+
+
+EventType = Literal[
+    "step.started", "step.succeeded", "step.failed", "invariant.violated", "step.rewound",
+    "approval.requested", "approval.decided", "compensation.attempt",
+    "compensation.succeeded", "compensation.failed", "compensation.waiting", "run.status"]
+
+
+class EventOut(Out):
+    """One of a run's events (GET /api/runs/{code}/events): the JSON of an SSE event's
+    ``data``, in the dashboard's websocket's shape (runs/journal_events.py)."""
+
+    type: EventType
+    run: uuid.UUID
+    node: str | None = Field(description="the step's node or tool; null for run.status")
+    step_id: str | None
+    data: dict[str, Any] = Field(description="what happened: a step's attempt and error, an "
+                                             "approval's id and decision, a compensation's "
+                                             "attempt, the run's status...")
+    at: float = Field(description="when, by the journal: seconds since 1970 (UTC)")
+
+    @classmethod
+    def sse_schema(cls) -> dict[str, Any]:
+        """An SSE event of the stream, for the OpenAPI schema (before 3.2, ``schema``
+        describes each event): its ``data`` is this model's JSON."""
+        return {"type": "object", "required": ["data", "event", "id"], "properties": {
+            "id": {"type": "string", "description": "resume after this event: send it as "
+                                                    "Last-Event-ID"},
+            "event": {"type": "string", "enum": list(EventType.__args__)},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": cls.model_json_schema()}}}
 
 
 class AgentOut(Out):

@@ -17,6 +17,8 @@ TABLE = [
      [401, 200, 200, 200, 200, 200, 401, 401]),
     ("detail", "GET", "/api/runs/{paused}", None,
      [401, 200, 200, 404, 200, 200, 401, 401]),
+    ("events", "GET", "/api/runs/{paused}/events", None,
+     [401, 200, 200, 404, 200, 200, 401, 401]),
     ("unknown run", "GET", "/api/runs/00000000-0000-4000-8000-000000000000", None,
      [401, 404, 404, 404, 404, 404, 401, 401]),
     ("approve", "POST", "/api/runs/{paused}/approve", {"approval": "{approval}"},
@@ -71,7 +73,9 @@ class AccessTests(World):
                     finally:
                         transaction.savepoint_rollback(sid)
                     assert response.status_code == expected, response.content
-                    assert response["Content-Type"].startswith("application/json")
+                    streams = name == "events" and expected == 200  # Server-Sent Events
+                    assert response["Content-Type"].startswith(
+                        "text/event-stream" if streams else "application/json")
                     if expected >= 400:
                         assert set(response.json()) >= {"detail", "code"}
                         assert after == before  # a refusal changed nothing

@@ -243,7 +243,7 @@ class AgentsAndSchemaTests(World):
         schema = response.json()
         assert set(schema["paths"]) == {
             "/api/runs", "/api/runs/{code}", "/api/runs/{code}/timeline",
-            "/api/runs/{code}/approve",
+            "/api/runs/{code}/events", "/api/runs/{code}/approve",
             "/api/runs/{code}/reject", "/api/runs/{code}/retry", "/api/runs/{code}/compensate",
             "/api/runs/{code}/resolve", "/api/runs/{code}/terminate",
             "/api/compensations/{id}/retry", "/api/agents", "/api/agents/{name}/map",
