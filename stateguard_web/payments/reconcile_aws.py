@@ -25,6 +25,7 @@ Drift, one line each:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -103,9 +104,10 @@ def aws_error(exc: Exception) -> ReconcileError:
                           f"{settings.AWS_ENDPOINT_URL or 'its endpoints'}: {exc}")
 
 
-class OnAws:
+class OnAws(ABC):
     """A reconciler whose provider is reached with the deployment's AWS settings (EC2 and
-    Route 53 here, S3 in ``reconcile_s3``): configured alike, failing alike."""
+    Route 53 here, S3 in ``reconcile_s3``): configured alike, failing alike. Each subclass
+    says what it compares (``compare``)."""
 
     name: str
     title: str
@@ -119,8 +121,9 @@ class OnAws:
         except (ClientError, BotoCoreError) as exc:
             raise aws_error(exc) from exc
 
+    @abstractmethod
     def compare(self, scope: Scope) -> Report:
-        raise NotImplementedError
+        """The ledger against this provider, raising boto's errors as they come."""
 
 
 class AwsReconciler(OnAws):
