@@ -11,8 +11,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
-import anyio
 import httpx
+from anyio import sleep
 
 from stateguard.client import _calls as calls
 from stateguard.client._calls import Base, Call, Follow, NoEventStream
@@ -57,12 +57,12 @@ class AsyncClient(Base):
             try:
                 response = await self._http.request(**self._request(call))
             except httpx.TransportError as exc:
-                await anyio.sleep(self._retry.after_error(call, exc, attempt))
+                await sleep(self._retry.after_error(call, exc, attempt))
                 continue
             pause = self._retry.after_response(call, response, attempt)
             if pause is None:
                 return call.parse(response)
-            await anyio.sleep(pause)
+            await sleep(pause)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
     # -- runs (each method is ``Client``'s, awaited: see its docstring) ----------------------
@@ -125,7 +125,7 @@ class AsyncClient(Base):
                         await response.aread()
                         pause = follow.refused(response)
                         if pause is not None:
-                            await anyio.sleep(follow.bounded(pause))
+                            await sleep(follow.bounded(pause))
                         continue
                     async for line in response.aiter_lines():
                         event = follow.line(line)
@@ -134,9 +134,9 @@ class AsyncClient(Base):
                         if follow.done:
                             return
             except httpx.TransportError as exc:
-                await anyio.sleep(follow.bounded(follow.failed(exc)))
+                await sleep(follow.bounded(follow.failed(exc)))
                 continue
-            await anyio.sleep(follow.bounded(follow.ended()))
+            await sleep(follow.bounded(follow.ended()))
 
     async def wait(self, code: object, *, timeout: float | None = None,
                    until: Iterable[str] | None = None, poll: float = 1.0) -> RunDetail:
@@ -154,4 +154,4 @@ class AsyncClient(Base):
             follow.status = run.status
             if run.status in wanted:
                 return run
-            await anyio.sleep(follow.bounded(poll))
+            await sleep(follow.bounded(poll))

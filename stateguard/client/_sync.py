@@ -4,10 +4,10 @@ they share (the calls, retries, the events' state) is ``_calls``."""
 from __future__ import annotations
 
 import builtins
-import time
 from collections.abc import Generator, Iterable, Iterator
 from contextlib import closing
 from datetime import datetime
+from time import sleep
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -60,12 +60,12 @@ class Client(Base):
             try:
                 response = self._http.request(**self._request(call))
             except httpx.TransportError as exc:
-                time.sleep(self._retry.after_error(call, exc, attempt))
+                sleep(self._retry.after_error(call, exc, attempt))
                 continue
             pause = self._retry.after_response(call, response, attempt)
             if pause is None:
                 return call.parse(response)
-            time.sleep(pause)
+            sleep(pause)
         raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
 
     # -- runs -------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class Client(Base):
                         response.read()
                         pause = follow.refused(response)
                         if pause is not None:
-                            time.sleep(follow.bounded(pause))
+                            sleep(follow.bounded(pause))
                         continue
                     for line in response.iter_lines():
                         event = follow.line(line)
@@ -150,9 +150,9 @@ class Client(Base):
                         if follow.done:
                             return
             except httpx.TransportError as exc:
-                time.sleep(follow.bounded(follow.failed(exc)))
+                sleep(follow.bounded(follow.failed(exc)))
                 continue
-            time.sleep(follow.bounded(follow.ended()))
+            sleep(follow.bounded(follow.ended()))
 
     def wait(self, code: object, *, timeout: float | None = None,
              until: Iterable[str] | None = None, poll: float = 1.0) -> RunDetail:
@@ -175,4 +175,4 @@ class Client(Base):
             follow.status = run.status
             if run.status in wanted:
                 return run
-            time.sleep(follow.bounded(poll))
+            sleep(follow.bounded(poll))

@@ -92,9 +92,11 @@ class Recorder:
 
 @pytest.fixture
 def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The client's sleeps, recorded instead of slept."""
+    """The client's sleeps, recorded instead of slept: its module's own ``sleep``, not
+    ``time.sleep``, which every thread of the process shares (a heartbeat thread left by
+    another test would spin, filling the list)."""
     waits: list[float] = []
-    monkeypatch.setattr(_sync.time, "sleep", waits.append)
+    monkeypatch.setattr(_sync, "sleep", waits.append)
     return waits
 
 
@@ -263,7 +265,7 @@ async def test_the_async_twin_retries_and_follows_alike(
     async def no_sleep(seconds: float) -> None:
         pass
 
-    monkeypatch.setattr(_async.anyio, "sleep", no_sleep)
+    monkeypatch.setattr(_async, "sleep", no_sleep)
     calls = AsyncRecorder(httpx.ConnectError("refused"), httpx.Response(201, json=run_json()),
                           stream(sse(("x", "run.status", {"status": "running"}))),
                           stream(sse(("y", "run.status", {"status": "succeeded"}))),
