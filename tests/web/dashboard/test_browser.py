@@ -607,7 +607,9 @@ def test_it_shows_a_refund_waiting_out_an_outage_and_an_operator_retries_it_now(
     assert retry_at is not None
     when = page.locator("[data-next-attempt] time")
     assert when.get_attribute("datetime") == retry_at.isoformat()
-    assert re.fullmatch(r"next attempt at \d{1,2}:\d{2}:\d{2}( [AP]M)? · in (9|10) min\.?",
+    # Today's time of day; another day's (the attempt falls after midnight) with its date.
+    assert re.fullmatch(r"next attempt at (\d{1,2}:\d{2}:\d{2}|[A-Z][a-z]{2} \d{1,2}, \d{4}, "
+                        r"\d{1,2}:\d{2})( [AP]M)? · in (9|10) min\.?",
                         " ".join(page.locator("[data-next-attempt]").inner_text().split()))
     raw = attempts.locator("pre.error-raw")
     assert not raw.is_visible()
