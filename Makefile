@@ -42,11 +42,15 @@ typecheck: venv
 # At most 8: each has a Redis database of its own, counted down from 15 (tests/django_env.py).
 TEST_WORKERS ?= $(shell n=$$(( 2 * $$(nproc 2>/dev/null || echo 1) )); echo $$(( n > 8 ? 8 : n )))
 
+# The static checks run beside the tests (mypy alone takes half a minute without its cache, time
+# the tests mostly spend waiting on processes); both must pass, the checks' output comes first.
 test: venv
-	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
+	@( $(BIN)/ruff check . && $(BIN)/mypy && $(BIN)/lint-imports ) > .static-checks.log 2>&1 & \
+	checks=$$!; \
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25; tests=$$?; \
+	wait $$checks; static=$$?; cat .static-checks.log; rm -f .static-checks.log; \
+	[ $$static -eq 0 ] || echo "make test: ruff, mypy or lint-imports failed (above)"; \
+	[ $$static -eq 0 ] && [ $$tests -eq 0 ]
 
 # The fast lane, about a minute: lint, types, layers, and the tests that run in this process.
 check: venv

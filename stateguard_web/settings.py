@@ -18,6 +18,7 @@ from email.utils import parseaddr
 from pathlib import Path
 
 import environ
+from django.conf import global_settings
 from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
@@ -52,6 +53,11 @@ if not DEBUG and SECRET_KEY == DEV_SECRET_KEY:
         "DEBUG is off (the default): set SECRET_KEY to a long random value, "
         "or DEBUG=true for local development (cp .env.example .env)."
     )
+# Django's hashers unless the environment names others (dotted paths, the first hashes new
+# passwords). The tests put MD5 first (tests/django_env.py), as Django's testing docs advise:
+# PBKDF2's million rounds cost about 0.2 s a sign-in, paid by every login of the suite and of
+# the servers it starts. `check --deploy` refuses a weak first hasher (accounts/checks.py).
+PASSWORD_HASHERS = env.list("PASSWORD_HASHERS", default=global_settings.PASSWORD_HASHERS)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])  # behind an HTTPS proxy
 

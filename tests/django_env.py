@@ -41,6 +41,11 @@ os.environ["STATEGUARD_ENV_FILE"] = ""
 # pytest-django still runs each test with settings.DEBUG = False, as Django's runner does.
 os.environ["DEBUG"] = "true"
 
+# A fast password hash first (settings.py): the suite signs people in hundreds of times, here and
+# in the servers it starts; PBKDF2 stays second, so that its hashes still check.
+os.environ["PASSWORD_HASHERS"] = ("django.contrib.auth.hashers.MD5PasswordHasher,"
+                                  "django.contrib.auth.hashers.PBKDF2PasswordHasher")
+
 # No notifications unless a test asks for them (tests/web/test_notifications.py): under DEBUG they
 # would e-mail the operators of every run that pauses, in this process and in the workers.
 os.environ["STATEGUARD_NOTIFY_EMAIL"] = ""

@@ -11,6 +11,6 @@ class AccountsConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not at import: keycache imports the models, which need the app registry.
-        from stateguard_web.accounts import keycache
+        from stateguard_web.accounts import checks, keycache  # noqa: F401  (checks: registers)
 
         keycache.connect_signals()

@@ -214,10 +214,16 @@ def test_it_passes_check_deploy_with_the_documented_production_environment(
     for name in re.findall(r"^#? ?([A-Z][A-Z0-9_]*)=", example, re.MULTILINE):
         if name not in env:
             monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("PASSWORD_HASHERS")  # the tests' fast hash (tests/django_env.py)
     assert env["DEBUG"] == "false" and env["STRIPE_API_KEY"].startswith("sk_live_")
     result = manage_py("check", "--deploy", "--fail-level", "WARNING", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+
+    # The tests' fast hash copied into production is refused by name.
+    weak = manage_py("check", "--deploy", env={
+        **env, "PASSWORD_HASHERS": "django.contrib.auth.hashers.MD5PasswordHasher"})
+    assert weak.returncode == 1 and "stateguard.E120" in weak.stderr, weak.stdout + weak.stderr
 
 
 @pytest.mark.parametrize("sweep", [entry["task"] for entry in
