@@ -276,34 +276,6 @@ def _watcher(url: str, key: str, phase: Callable[[], str], stop: threading.Event
 
 # --- the stack --------------------------------------------------------------------------------
 
-def _start_web(processes: int, log_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "DATABASE_POOL": "4", "STATEGUARD_ACCESS_LOG": "off"}
-    log = (log_dir / "gunicorn.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}",
-                             "--workers", str(processes)], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.3)
-    proc.kill()
-    raise SystemExit(f"gunicorn did not start: see {log_dir / 'gunicorn.log'}")
-
-
 def _renice(pids: list[int], nice: int) -> None:
     """Each thread of each process of ``pids`` and of their children at ``nice`` (a
     negative one needs root). Linux keeps a nice value per thread; a thread started later
@@ -412,7 +384,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
 
     from bench import databases
-    from bench.procs import Worker
+    from bench.procs import Worker, start_gunicorn
 
     databases.recreate(DB_NAME)
     import django
@@ -439,7 +411,9 @@ def main(argv: list[str]) -> int:
         beat.start()
         for w in workers:
             w.start()
-        web, url = _start_web(args.web, log_dir)
+        web, url = start_gunicorn(args.web, log_dir,
+                                  {**os.environ, "DATABASE_POOL": "4",
+                                   "STATEGUARD_ACCESS_LOG": "off"})
         if args.web_nice:  # the web server and this process's readers, not PostgreSQL's
             _renice([web.pid, os.getpid()], args.web_nice)
         deadline = time.monotonic() + 60

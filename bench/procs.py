@@ -118,3 +118,31 @@ def start_moto(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
             proc.kill()
             raise SystemExit(f"moto did not start: see {log_dir / 'moto.log'}")
         time.sleep(0.1)
+
+
+def start_gunicorn(processes: int, log_dir: Path, env: dict[str, str]
+                   ) -> tuple[subprocess.Popen[bytes], str]:
+    """The web server (gunicorn.conf.py, ``processes`` of them) on a free port, in a session
+    of its own, once ``/healthz`` answers; its log is ``gunicorn.log`` in ``log_dir``."""
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (log_dir / "gunicorn.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}",
+                             "--workers", str(processes)], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.3)
+    proc.kill()
+    raise SystemExit(f"gunicorn did not start: see {log_dir / 'gunicorn.log'}")
