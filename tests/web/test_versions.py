@@ -1,0 +1,176 @@
+"""Agent versions: a run goes on on the version it started on, or is held for an operator.
+
+A "deploy" here is what a new release does to a worker: the registry holds other factories
+for the agent's name, and the process builds its graphs again. The runs go through the
+worker's own tasks, in this process, on the test database (as test_travel_worker does).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+
+from agents import registry
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register
+from stateguard.versions import GraphShape
+from stateguard_web.runs import runtime, services, tasks
+from stateguard_web.sagas.models import AuditEvent, Run
+from tests.agents.registry_support import own_registry
+
+pytestmark = pytest.mark.usefixtures("transactional_db")
+
+
+class Order(AgentInput):
+    amount: int
+
+
+class State(TypedDict, total=False):
+    amount: int
+    done: list[str]
+
+
+def node(name: str) -> Any:
+    def run(state: State) -> State:
+        return {"done": [*state.get("done", []), name]}
+    return run
+
+
+def undo(state: dict[str, Any], ctx: Any) -> bool:
+    return True
+
+
+def factory(*nodes: str) -> Any:
+    """An agent whose nodes run one after the other, its ``charge`` behind an approval."""
+    def build() -> StateGraph[Any, Any, Any, Any]:
+        builder: StateGraph[Any, Any, Any, Any] = StateGraph(State)
+        for name in nodes:
+            builder.add_node(name, node(name))
+        for a, b in zip([START, *nodes], [*nodes, END], strict=True):
+            builder.add_edge(a, b)
+        return builder
+
+    def spec(settings: AgentSettings) -> AgentSpec:
+        return AgentSpec(name="shop", build=build, input_schema=Order,
+                         compensations={name: undo for name in nodes},
+                         approvals={"charge": lambda s: True})
+    return spec
+
+
+V1 = factory("reserve", "charge")
+V2 = factory("reserve", "charge", "ship")
+
+
+def deploy(**versions: Any) -> None:
+    """Register ``shop`` anew: ``current=(version, factory)``, ``kept=[(version, factory)]``;
+    then build its graphs again, as a restarted worker would."""
+    for table in (registry._REGISTRY, registry._VERSIONS, registry._DRAINING):
+        table.pop("shop", None)
+    for version, made in versions.get("kept", []):
+        register("shop", version=version, draining=True)(made)
+    version, made = versions["current"]
+    register("shop", version=version)(made)
+    for cached in (runtime._guard, runtime._spec, runtime.shape):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def paused_on_v1(monkeypatch: pytest.MonkeyPatch) -> Run:
+    """A run of ``shop`` v1, paused at its charge's approval, which bob has approved."""
+    own_registry(monkeypatch)
+    deploy(current=("1", V1))
+    run = services.run_submit(agent="shop", input={"amount": 5})
+    tasks.run_execute(run.pk)
+    run.refresh_from_db()
+    assert (run.status, run.agent_version) == (Run.Status.PAUSED, "1")
+    assert run.graph_digest == runtime.shape("shop").digest
+    services.run_approve(run=run, by="bob")  # its worker carries it out after the deploy
+    run.refresh_from_db()
+    return run
+
+
+def carry_out(run: Run) -> Run:
+    """What the worker does with the operator's request left on the run."""
+    run.refresh_from_db()
+    tasks.run_request.apply(args=(run.pk, run.request["id"]))
+    run.refresh_from_db()
+    return run
+
+
+def done(run: Run) -> list[str]:
+    return [s.node for s in run.steps.order_by("started_at")]
+
+
+def test_it_finishes_a_run_on_the_version_it_started_on_while_that_is_kept(
+        paused_on_v1: Run) -> None:
+    deploy(current=("2", V2), kept=[("1", V1)])
+
+    run = carry_out(paused_on_v1)
+
+    assert run.status == Run.Status.SUCCEEDED
+    assert done(run) == ["reserve", "charge"]  # v1's graph: no "ship"
+    new = services.run_submit(agent="shop", input={"amount": 5})  # new runs: v2
+    assert new.agent_version == "2"
+    tasks.run_execute(new.pk)
+    new.refresh_from_db()
+    assert new.status == Run.Status.PAUSED and new.graph_digest != run.graph_digest
+
+
+def test_it_holds_a_run_whose_version_is_gone_and_says_what_changed(
+        paused_on_v1: Run) -> None:
+    deploy(current=("2", V2))
+
+    run = carry_out(paused_on_v1)
+
+    message = ("agent changed since this run started (v1 → v2): nodes added: ship; edges "
+               "added: charge → ship, ship → __end__; edges removed: charge → __end__. "
+               "Register v1 again with draining=True to finish it there, or compensate or "
+               "resolve it")
+    assert run.status == Run.Status.NEEDS_ATTENTION and run.request is None
+    assert run.error == {"type": "AgentChanged", "message": message, "traceback": ""}
+    assert done(run) == ["reserve"]  # the charge waited before its body: it never ran
+    event = AuditEvent.objects.get(run=run, action="run.agent_changed")
+    assert (event.actor, event.data) == ("worker", {"request": "approve", "requested_by": "bob",
+                                                    "message": message})
+    # The operator's way out: an unwind, on the current version (compensations by node).
+    services.run_compensate(run=run, by="bob")
+    assert carry_out(run).status == Run.Status.COMPENSATED
+
+
+def test_it_holds_a_run_when_only_the_declared_version_changed(paused_on_v1: Run) -> None:
+    deploy(current=("2", V1))  # a node's body changed: the graph did not
+
+    run = carry_out(paused_on_v1)
+
+    assert run.status == Run.Status.NEEDS_ATTENTION
+    assert run.error["message"].startswith(
+        "agent changed since this run started (v1 → v2): the same graph; its declared version "
+        "changed (a node's body)")
+
+
+def test_it_holds_a_run_whose_graph_changed_under_the_same_declared_version(
+        paused_on_v1: Run) -> None:
+    deploy(current=("1", V2))  # someone forgot to change the version
+
+    run = carry_out(paused_on_v1)
+
+    v1, v2 = GraphShape.of(V1(None).build().compile()), runtime.shape("shop")
+    assert run.error["message"].startswith(
+        f"agent changed since this run started (v1 {v1.digest[:8]} → v1 {v2.digest[:8]}): "
+        "nodes added: ship")
+
+
+def test_it_starts_a_pending_run_of_a_gone_version_on_the_current_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own_registry(monkeypatch)
+    deploy(current=("1", V1))
+    run = services.run_submit(agent="shop", input={"amount": 5})
+    deploy(current=("2", V2))  # before any worker took the run
+
+    tasks.run_execute(run.pk)
+
+    run.refresh_from_db()
+    assert (run.status, run.agent_version) == (Run.Status.PAUSED, "2")
+    assert AuditEvent.objects.get(run=run, action="run.version_changed").data == {
+        "from": "v1", "to": "v2"}
