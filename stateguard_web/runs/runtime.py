@@ -36,6 +36,7 @@ from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.journal.process_lock import ProcessLock
+from stateguard_web.sagas.models import AgentVersion
 
 
 @cache
@@ -201,7 +202,20 @@ def _guard(agent: str, version: str | None) -> tuple[StateGuardCheckpointer, Any
         lease_ttl=settings.STATEGUARD_LEASE_SECONDS,
         lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS,
         **spec.guard_kwargs(later=retry_later()))
-    return guard, guard.compile(spec.build()), spec
+    made = guard, guard.compile(spec.build()), spec
+    _record(agent, registry.version(agent) if version is None else version,
+            shape(agent, version))
+    return made
+
+
+def _record(agent: str, version: str, made: GraphShape) -> None:
+    """Keep the version's shape (``AgentVersion``), once a process is to run it: should the
+    agent drop it later, a worker says what changed for the runs left on it. Here, not on each
+    submission: that would cost each one an insert, and a run that never reached a worker has
+    run no step on its version (it starts on the current one)."""
+    AgentVersion.objects.bulk_create([AgentVersion(
+        agent=agent, version=version, graph_digest=made.digest, nodes=list(made.nodes),
+        edges=[list(e) for e in made.edges])], ignore_conflicts=True)
 
 
 @receiver(setting_changed)

@@ -2,11 +2,12 @@
 
 A version is what the agent declares (``register(..., version="4")``) and the digest of its
 compiled graph's shape (``stateguard.versions``). A submission records the current one on the
-run (and the shape, once per version, in ``AgentVersion``). Before a worker resumes, retries or
-recovers a run, ``choose`` compares: the same version goes on as before; another one goes on
-on the run's own version if the agent keeps it registered for draining; else the run is held
-``needs_attention`` with what changed (``tasks``). A run that never started (pending) takes
-the current version: no step of it ran on the old one.
+run; a process that builds a version's guard records its shape in ``AgentVersion`` (once:
+``runtime``), so every version a run ran on is there to compare with later. Before a worker
+resumes, retries or recovers a run, ``choose`` compares: the same version goes on as before;
+another one goes on on the run's own version if the agent keeps it registered for draining;
+else the run is held ``needs_attention`` with what changed (``tasks``). A run that never
+started (pending) takes the current version: no step of it ran on the old one.
 """
 
 from __future__ import annotations
@@ -52,14 +53,10 @@ def of(run: Run) -> Version | None:
     return Version(run.agent_version or "", run.graph_digest)
 
 
-def stamp(run: Run) -> AgentVersion:
-    """Set the current version of the run's agent on the (unsaved) run; the version's row to
-    save with it (``AgentVersion.objects.bulk_create([...], ignore_conflicts=True)``)."""
+def stamp(run: Run) -> None:
+    """Set the current version of the run's agent on the run."""
     now = current(run.agent)
     run.agent_version, run.graph_digest = now.version, now.digest
-    shape = runtime.shape(run.agent)
-    return AgentVersion(agent=run.agent, version=now.version, graph_digest=now.digest,
-                        nodes=list(shape.nodes), edges=[list(e) for e in shape.edges])
 
 
 def restamp(run: Run) -> None:
@@ -67,9 +64,8 @@ def restamp(run: Run) -> None:
     gone, and no step of it ran there. Its input fitted the old version's schema; a node the
     new one changed may refuse it, as any error in a node."""
     old = of(run)
-    version = stamp(run)
+    stamp(run)
     with transaction.atomic():
-        AgentVersion.objects.bulk_create([version], ignore_conflicts=True)
         if Run.objects.filter(pk=run.pk, status=Run.Status.PENDING).update(
                 agent_version=run.agent_version, graph_digest=run.graph_digest):
             AuditEvent.objects.create(run=run, actor="worker", action="run.version_changed",

@@ -10,14 +10,17 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 import pytest
+from django.test import Client
 from langgraph.graph import END, START, StateGraph
 
 from agents import registry
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from stateguard.versions import GraphShape
+from stateguard_web.accounts import services as accounts
 from stateguard_web.runs import runtime, services, tasks
 from stateguard_web.sagas.models import AuditEvent, Run
 from tests.agents.registry_support import own_registry
+from tests.web.api.world import make_user
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
 
@@ -174,3 +177,23 @@ def test_it_starts_a_pending_run_of_a_gone_version_on_the_current_one(
     assert (run.status, run.agent_version) == (Run.Status.PAUSED, "2")
     assert AuditEvent.objects.get(run=run, action="run.version_changed").data == {
         "from": "v1", "to": "v2"}
+
+
+def test_it_counts_the_live_runs_of_each_version_in_the_api(paused_on_v1: Run) -> None:
+    deploy(current=("2", V2), kept=[("1", V1)])
+    services.run_submit(agent="shop", input={"amount": 5})
+    alice = make_user("alice", "operator")
+    _, key = accounts.api_key_create(user=alice, name="laptop")
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    run = api.get(f"/api/runs/{paused_on_v1.code}").json()
+    versions = api.get("/api/agents/shop/versions").json()
+
+    assert run["version"] == {"version": "1", "graph_digest": paused_on_v1.graph_digest,
+                              "label": "v1"}
+    assert [(v["label"], v["state"], v["live"]) for v in versions] == [
+        ("v2", "current", 1), ("v1", "draining", 1)]
+    carry_out(paused_on_v1)  # v1's last run finishes: v1 can go
+    assert [(v["label"], v["live"]) for v in api.get("/api/agents/shop/versions").json()] == [
+        ("v2", 1), ("v1", 0)]
+    assert api.get("/api/agents/nope/versions").status_code == 404
