@@ -13,7 +13,7 @@ from stateguard_web.runs import runtime
 from stateguard_web.sagas.models import Run, Step
 from tests.web.api.world import make_user
 from tests.web.conftest import Server
-from tests.web.dashboard.test_browser import PASSWORD, WIDE, phone_page, shot
+from tests.web.dashboard.test_browser import PASSWORD, WIDE, log_in, phone_page, shot
 from tests.web.test_agent_map import run
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
@@ -33,12 +33,8 @@ def test_an_operator_sees_each_runs_version_and_which_versions_still_have_runs(
 
     context = browser.new_context(viewport=WIDE)
     page = context.new_page()
-    page.set_default_timeout(15_000)
-    page.goto(f"{daphne.url}/login/?next=/runs/{on_v1.code}/")
-    page.fill("#id_username", "olivia")
-    page.fill("#id_password", PASSWORD)
-    page.click("form button[type=submit]")
-    page.wait_for_selector("[data-agent-version]")
+    log_in(page, daphne.url)
+    page.goto(f"{daphne.url}/runs/{on_v1.code}/")
     assert page.locator("[data-agent-version]").inner_text() == "agent version v1"
     assert page.locator("[data-agent-version] strong").get_attribute("title").endswith(digest)
     shot(page, "versions-run-wide")
