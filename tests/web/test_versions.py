@@ -17,7 +17,7 @@ from agents import registry
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from stateguard.versions import GraphShape
 from stateguard_web.accounts import services as accounts
-from stateguard_web.runs import runtime, services, tasks
+from stateguard_web.runs import checks, runtime, services, tasks
 from stateguard_web.sagas.models import AuditEvent, Run
 from tests.agents.registry_support import own_registry
 from tests.web.api.world import make_user
@@ -197,3 +197,20 @@ def test_it_counts_the_live_runs_of_each_version_in_the_api(paused_on_v1: Run) -
     assert [(v["label"], v["live"]) for v in api.get("/api/agents/shop/versions").json()] == [
         ("v2", 1), ("v1", 0)]
     assert api.get("/api/agents/nope/versions").status_code == 404
+
+
+def test_manage_py_check_builds_the_versions_kept_for_draining(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own_registry(monkeypatch)
+    broken = factory("reserve", "charge")
+
+    def no_graph(settings: AgentSettings) -> AgentSpec:
+        spec = broken(settings)
+        return AgentSpec(name="shop", build=lambda: 1 / 0, input_schema=spec.input_schema)
+
+    deploy(current=("2", V2), kept=[("1", no_graph)])
+
+    [error] = checks.check_agents()
+    assert error.id == "stateguard.E102" and error.msg.startswith(
+        "agent 'shop' version '1': its graph does not compile under its guard: "
+        "ZeroDivisionError")
