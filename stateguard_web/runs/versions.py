@@ -102,8 +102,8 @@ def _what_changed(agent: str, mine: Version, now: Version) -> str:
     elif not (what := runtime.shape(agent).changes_from(GraphShape.make(row.nodes, row.edges))):
         what = "the same graph; its declared version changed (a node's body)"
     return (f"agent changed since this run started ({mine.label_beside(now)} → "
-            f"{now.label_beside(mine)}): {what}. Register {mine.label} again with "
-            f"draining=True to finish it there, or compensate or resolve it")
+            f"{now.label_beside(mine)}): {what}. Compensate it or resolve it by hand; to let "
+            f"runs like it finish, keep {mine.label} registered with draining=True")
 
 
 @dataclass(frozen=True, slots=True)

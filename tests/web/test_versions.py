@@ -128,8 +128,8 @@ def test_it_holds_a_run_whose_version_is_gone_and_says_what_changed(
 
     message = ("agent changed since this run started (v1 → v2): nodes added: ship; edges "
                "added: charge → ship, ship → __end__; edges removed: charge → __end__. "
-               "Register v1 again with draining=True to finish it there, or compensate or "
-               "resolve it")
+               "Compensate it or resolve it by hand; to let runs like it finish, keep v1 "
+               "registered with draining=True")
     assert run.status == Run.Status.NEEDS_ATTENTION and run.request is None
     assert run.error == {"type": "AgentChanged", "message": message, "traceback": ""}
     assert done(run) == ["reserve"]  # the charge waited before its body: it never ran
