@@ -7,10 +7,12 @@ worker's own tasks, in this process, on the test database (as test_travel_worker
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any, TypedDict
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from langgraph.graph import END, START, StateGraph
 
 from agents import registry
@@ -214,3 +216,24 @@ def test_manage_py_check_builds_the_versions_kept_for_draining(
     assert error.id == "stateguard.E102" and error.msg.startswith(
         "agent 'shop' version '1': its graph does not compile under its guard: "
         "ZeroDivisionError")
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept", "gone"])
+def test_it_recovers_a_run_whose_worker_died_only_on_its_own_version(
+        paused_on_v1: Run, kept: bool) -> None:
+    # Its worker died in the middle of it: running, its lease long out.
+    Run.objects.filter(pk=paused_on_v1.pk).update(
+        status=Run.Status.RUNNING, request=None, lease_owner="dead-worker",
+        lease_expires_at=timezone.now() - timedelta(hours=1))
+    deploy(current=("2", V2), kept=[("1", V1)] if kept else [])
+
+    tasks.run_recover(paused_on_v1.pk)
+
+    run = Run.objects.get(pk=paused_on_v1.pk)
+    if kept:  # unwound on v1, its crash policy
+        assert run.status == Run.Status.COMPENSATED
+        assert [c.node for c in run.compensations.all()] == ["reserve"]
+    else:
+        assert run.status == Run.Status.NEEDS_ATTENTION and run.error["type"] == "AgentChanged"
+        assert not run.compensations.exists() and run.lease_owner == ""
+        assert AuditEvent.objects.get(run=run, action="run.agent_changed").data["request"] == ""
