@@ -85,8 +85,11 @@ class Choice:
 
 def choose(run: Run) -> Choice:
     """The version to go on with ``run`` on (see the module's docstring)."""
-    mine, now = of(run), current(run.agent)
-    if mine is None or mine == now:
+    mine = of(run)
+    if mine is None:
+        return Choice()
+    now = current(run.agent)
+    if mine == now:
         return Choice()
     if mine.version in registry.draining(run.agent) and (
             runtime.shape(run.agent, mine.version).digest == mine.digest):
