@@ -8,63 +8,24 @@ worker's own tasks, in this process, on the test database (as test_travel_worker
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, TypedDict
+from typing import Any
 
 import pytest
 from django.test import Client
 from django.utils import timezone
-from langgraph.graph import END, START, StateGraph
 
 from agents import registry
-from agents.registry import AgentInput, AgentSettings, AgentSpec, register
+from agents.registry import AgentSettings, AgentSpec, register
 from stateguard.versions import GraphShape
 from stateguard_web.accounts import services as accounts
 from stateguard_web.runs import checks, runtime, services, tasks
 from stateguard_web.sagas.models import AuditEvent, Run
 from tests.agents.registry_support import own_registry
 from tests.web.api.world import make_user
+from tests.web.conftest import Workers, wait_for
+from tests.web.shop_versions import V1, V2, factory
 
 pytestmark = pytest.mark.usefixtures("transactional_db")
-
-
-class Order(AgentInput):
-    amount: int
-
-
-class State(TypedDict, total=False):
-    amount: int
-    done: list[str]
-
-
-def node(name: str) -> Any:
-    def run(state: State) -> State:
-        return {"done": [*state.get("done", []), name]}
-    return run
-
-
-def undo(state: dict[str, Any], ctx: Any) -> bool:
-    return True
-
-
-def factory(*nodes: str) -> Any:
-    """An agent whose nodes run one after the other, its ``charge`` behind an approval."""
-    def build() -> StateGraph[Any, Any, Any, Any]:
-        builder: StateGraph[Any, Any, Any, Any] = StateGraph(State)
-        for name in nodes:
-            builder.add_node(name, node(name))
-        for a, b in zip([START, *nodes], [*nodes, END], strict=True):
-            builder.add_edge(a, b)
-        return builder
-
-    def spec(settings: AgentSettings) -> AgentSpec:
-        return AgentSpec(name="shop", build=build, input_schema=Order,
-                         compensations={name: undo for name in nodes},
-                         approvals={"charge": lambda s: True})
-    return spec
-
-
-V1 = factory("reserve", "charge")
-V2 = factory("reserve", "charge", "ship")
 
 
 def deploy(**versions: Any) -> None:
@@ -101,6 +62,11 @@ def carry_out(run: Run) -> Run:
     tasks.run_request.apply(args=(run.pk, run.request["id"]))
     run.refresh_from_db()
     return run
+
+
+def settled(run: Run, status: str) -> bool:
+    run.refresh_from_db()
+    return run.status == status
 
 
 def done(run: Run) -> list[str]:
@@ -237,3 +203,32 @@ def test_it_recovers_a_run_whose_worker_died_only_on_its_own_version(
         assert run.status == Run.Status.NEEDS_ATTENTION and run.error["type"] == "AgentChanged"
         assert not run.compensations.exists() and run.lease_owner == ""
         assert AuditEvent.objects.get(run=run, action="run.agent_changed").data["request"] == ""
+
+
+@pytest.mark.parametrize("deployed", ["2+1", "2"], ids=["v1-kept", "v1-gone"])
+def test_a_worker_of_the_new_deploy_finishes_or_holds_a_run_of_the_old_one(
+        monkeypatch: pytest.MonkeyPatch, workers: Workers, deployed: str) -> None:
+    own_registry(monkeypatch)  # this process: the web app's side, deployed as the workers are
+    deploy(current=("1", V1))
+    old = workers.start("w1", env={"STATEGUARD_AGENTS": "tests.web.shop_versions",
+                                   "STATEGUARD_TEST_SHOP": "1"})
+    run = services.run_submit(agent="shop", input={"amount": 5})
+    wait_for(lambda: settled(run, Run.Status.PAUSED), 60, "the charge's approval",
+             workers.logs)
+
+    workers.stop(old)  # the deploy: the old worker goes, a new one comes
+    deploy(current=("2", V2), kept=[("1", V1)] if deployed == "2+1" else [])
+    workers.start("w2", env={"STATEGUARD_AGENTS": "tests.web.shop_versions",
+                             "STATEGUARD_TEST_SHOP": deployed})
+    services.run_approve(run=run, by="bob")
+
+    if deployed == "2+1":
+        wait_for(lambda: settled(run, Run.Status.SUCCEEDED), 60, "the run to end on v1",
+                 workers.logs)
+        assert done(run) == ["reserve", "charge"]
+    else:
+        wait_for(lambda: settled(run, Run.Status.NEEDS_ATTENTION), 60, "the run to be held",
+                 workers.logs)
+        assert run.error["message"].startswith(
+            "agent changed since this run started (v1 → v2): nodes added: ship")
+        assert done(run) == ["reserve"]
