@@ -7,7 +7,8 @@ run; a process that builds a version's guard records its shape in ``AgentVersion
 resumes, retries or recovers a run, ``choose`` compares: the same version goes on as before;
 another one goes on on the run's own version if the agent keeps it registered for draining;
 else the run is held ``needs_attention`` with what changed (``tasks``). A run that never
-started (pending) takes the current version: no step of it ran on the old one.
+started (pending) and whose version is gone takes the current one: no step of it ran on the
+old one.
 """
 
 from __future__ import annotations

@@ -232,3 +232,18 @@ def test_a_worker_of_the_new_deploy_finishes_or_holds_a_run_of_the_old_one(
         assert run.error["message"].startswith(
             "agent changed since this run started (v1 → v2): nodes added: ship")
         assert done(run) == ["reserve"]
+
+
+def test_it_starts_a_pending_run_of_a_kept_version_on_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own_registry(monkeypatch)
+    deploy(current=("1", V1))
+    run = services.run_submit(agent="shop", input={"amount": 5})
+    deploy(current=("2", V2), kept=[("1", V1)])
+
+    tasks.run_execute(run.pk)
+    services.run_approve(run=run, by="bob")
+    run = carry_out(run)
+
+    assert (run.status, run.agent_version) == (Run.Status.SUCCEEDED, "1")
+    assert done(run) == ["reserve", "charge"]
