@@ -107,7 +107,7 @@ def _version_for(run: Run, request: str, by: str) -> str | None:
     """The agent's version to go on with ``run`` on (``runtime.guard_for``'s). A run whose
     version is no longer registered is held ``needs_attention`` with what changed (raises
     ``_Held``): going on on another graph may go wrong in ways no one sees. A pending run
-    started on no version yet: it takes the current one."""
+    whose version is gone takes the current one instead: no step of it ran."""
     choice = versions.choose(run)
     if not choice.changed or request in _UNWINDS:
         return choice.version

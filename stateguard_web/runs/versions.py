@@ -134,9 +134,9 @@ def live_counts(runs: QuerySet[Run], *, agent: str | None = None) -> list[Versio
     for name in sorted({n for n, _ in found} | set(offered)):
         if agent is not None and name != agent:
             continue
-        registered = [(current(name), "current")] + [
+        registered = ([(current(name), "current")] + [
             (Version(v, runtime.shape(name, v).digest), "draining")
-            for v in registry.draining(name)] if name in offered else []
+            for v in registry.draining(name)]) if name in offered else []
         counts += [VersionCount(name, v, found.pop((name, v), 0), state)
                    for v, state in registered]
         counts += sorted((VersionCount(name, v, live, "gone") for (n, v), live in found.items()
