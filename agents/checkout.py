@@ -229,7 +229,7 @@ class CheckoutInput(AgentInput):
     fail_booking: bool = False
 
 
-@register("checkout")
+@register("checkout", version="1")
 def spec(settings: AgentSettings) -> AgentSpec:
     client = stripe_client(settings)
     guard = checkout_guard_kwargs(client)

@@ -253,7 +253,7 @@ def _buckets(options: Any, aws: AwsSettings) -> frozenset[str] | None:
     return frozenset(buckets)
 
 
-@register("cleanup")
+@register("cleanup", version="1")
 def spec(settings: AgentSettings) -> AgentSpec:
     aws = aws_settings(settings, "cleanup")
     agent = Cleaner(aws, buckets=_buckets(settings.options_for("cleanup"), aws))

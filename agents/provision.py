@@ -507,7 +507,7 @@ def _options(options: Mapping[str, Any], aws: AwsSettings) -> tuple[str | None, 
     return image, zone
 
 
-@register("provision")
+@register("provision", version="1")
 def spec(settings: AgentSettings) -> AgentSpec:
     aws = aws_settings(settings, "provision")
     image, zone = _options(settings.options_for("provision"), aws)

@@ -129,18 +129,40 @@ class AgentSpec:
 Factory = Callable[[AgentSettings], AgentSpec]
 _REGISTRY: dict[str, Factory] = {}
 _BENCHMARKS: set[str] = set()
+_VERSIONS: dict[str, str] = {}  # agent -> the version its current factory declares ("": none)
+_DRAINING: dict[str, dict[str, Factory]] = {}  # agent -> older version -> its factory
 
 
-def register(name: str, *, benchmark: bool = False) -> Callable[[Factory], Factory]:
+def register(name: str, *, version: str = "", draining: bool = False,
+             benchmark: bool = False) -> Callable[[Factory], Factory]:
     """Register a factory that makes the agent's spec from the deployment's settings (called
     when the agent is first used, so that settings are read at run time, not at import).
+
+    ``version`` is the version the agent declares ("4"): each run records it with its graph's
+    shape (``stateguard.versions``), and a worker resumes a run only on the version it started
+    on. Change it when a node's body changes in a way a run half-way through must not meet (the
+    shape sees nodes and edges only). ``draining=True`` keeps an older version registered
+    beside the current one, under the same name: new runs never use it, the runs that started
+    on it finish on it (docs/agents.md, "Versions"); remove it once the agent's page says no
+    run is left on it.
 
     ``benchmark=True`` marks an agent that measures the stack and does nothing for a user:
     whoever offers agents to users leaves it out unless benchmarks are enabled (``names``)."""
     def decorator(factory: Factory) -> Factory:
+        kept = _DRAINING.setdefault(name, {})
+        if draining:
+            if not version or version in kept or _VERSIONS.get(name) == version:
+                raise ConfigurationError(f"agent {name!r}: a draining version needs a version "
+                                         f"of its own, not {version!r}")
+            kept[version] = factory
+            return factory
         if name in _REGISTRY:
             raise ConfigurationError(f"agent {name!r} is registered twice")
+        if version and version in kept:
+            raise ConfigurationError(f"agent {name!r}: version {version!r} is registered "
+                                     "twice")
         _REGISTRY[name] = factory
+        _VERSIONS[name] = version
         if benchmark:
             _BENCHMARKS.add(name)
         return factory
@@ -153,12 +175,28 @@ def names(*, benchmarks: bool = False) -> list[str]:
     return sorted(n for n in _REGISTRY if benchmarks or n not in _BENCHMARKS)
 
 
-def get(name: str, settings: AgentSettings) -> AgentSpec:
+def get(name: str, settings: AgentSettings, *, version: str | None = None) -> AgentSpec:
+    """The agent's current spec, or with ``version`` the one of that version (the current one
+    or one kept for draining); ``KeyError`` if there is none."""
     _load()
     factory = _REGISTRY.get(name)
     if factory is None:
         raise KeyError(name)
+    if version is not None and version != _VERSIONS[name]:
+        factory = _DRAINING[name][version]
     return factory(settings)
+
+
+def version(name: str) -> str:
+    """The version the agent's current factory declares ("" if none)."""
+    _load()
+    return _VERSIONS[name]
+
+
+def draining(name: str) -> list[str]:
+    """The older versions of the agent kept registered for the runs that started on them."""
+    _load()
+    return sorted(_DRAINING.get(name, {}))
 
 
 def run_id(config: RunnableConfig) -> str:
@@ -210,4 +248,7 @@ def _load() -> None:
             raise ConfigurationError(f"agents: cannot import {module!r} ({named_by}): "
                                      f"{type(exc).__name__}: {exc}") from exc
         _loaded.add(module)
+    if orphans := sorted(n for n, kept in _DRAINING.items() if kept and n not in _REGISTRY):
+        raise ConfigurationError(f"agents {orphans} keep draining versions but have no current "
+                                 "one: register one without draining=True")
     _complete = True

@@ -373,7 +373,7 @@ class TravelInput(AgentInput):
     currency: str = Field(default="usd", pattern=r"^[a-z]{3}$")
 
 
-@register("travel")
+@register("travel", version="1")
 def spec(settings: AgentSettings) -> AgentSpec:
     if settings.mail is None:
         raise ConfigurationError("agent 'travel' e-mails its customers: give it a mail server "

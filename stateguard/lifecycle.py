@@ -156,15 +156,16 @@ NEXT_TURN = FINISHED
 # Every change of status a run may make, whoever makes it: the actions above, and what happens
 # while a worker holds the run (it pauses, fails, succeeds, unwinds), and the web app's own
 # (a run its worker let go of before it began is queued again; a run of an agent the
-# deployment does not offer is parked for a person). Staying in a status is no change. Every
+# deployment does not offer, or whose agent's version it started on is gone, is parked for a
+# person: the web app's runs/versions.py). Staying in a status is no change. Every
 # journal refuses any other (``check_change``): a status written by mistake would hide a run
 # from the worker, or the operator, it needs.
 CHANGES: dict[RunStatus, frozenset[RunStatus]] = {
     S.PENDING: frozenset({S.RUNNING, S.NEEDS_ATTENTION, S.COMPENSATED}),  # or terminated
     S.RUNNING: frozenset({S.PAUSED, S.FAILED, S.SUCCEEDED, S.COMPENSATING, S.PENDING,
                           S.NEEDS_ATTENTION}),
-    S.PAUSED: frozenset({S.RUNNING, S.COMPENSATING}),
-    S.FAILED: frozenset({S.RUNNING, S.COMPENSATING}),
+    S.PAUSED: frozenset({S.RUNNING, S.COMPENSATING, S.NEEDS_ATTENTION}),  # or parked
+    S.FAILED: frozenset({S.RUNNING, S.COMPENSATING, S.NEEDS_ATTENTION}),
     S.SUCCEEDED: frozenset({S.COMPENSATING, S.RUNNING}),  # compensated, or its next turn
     # ... or runs again, a retry from an earlier step having undone what came after it
     S.COMPENSATING: frozenset({S.COMPENSATED, S.NEEDS_ATTENTION, S.RUNNING}),

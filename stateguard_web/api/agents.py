@@ -10,7 +10,13 @@ from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.api.auth import principal
 from stateguard_web.api.common import errors
-from stateguard_web.api.schemas import AgentMapOut, AgentName, AgentOut, Window
+from stateguard_web.api.schemas import (
+    AgentMapOut,
+    AgentName,
+    AgentOut,
+    AgentVersionOut,
+    Window,
+)
 from stateguard_web.runs import agent_map, selectors
 
 router = Router(tags=["agents"])
@@ -40,3 +46,15 @@ def get_agent_map(request: HttpRequest, name: AgentName,
                                         window=window, now=timezone.now())
     except KeyError:
         raise selectors.NotFound(f"no agent {name!r}: GET /api/agents lists them") from None
+
+
+@router.get("/{name}/versions", response={200: list[AgentVersionOut], **errors(404, 422)},
+            summary="An agent's versions and their unfinished runs")
+def list_agent_versions(request: HttpRequest, name: AgentName) -> list[dict[str, object]]:
+    """The agent's current version, the older ones it keeps registered for draining, and the
+    versions no longer registered that still have runs, each with how many of its runs are
+    not finished (that the caller may see). A draining version with none left can be removed
+    from the agent's module: docs/agents.md, "Versions"."""
+    who = principal(request)
+    access.check(who.user, Ability.VIEW)
+    return selectors.agent_versions(runs=access.visible_runs(who.user), agent=name)

@@ -234,6 +234,21 @@ class RequestOut(Out):
     update: dict[str, Any] | None = None
 
 
+class VersionOut(Out):
+    version: str = Field(description="what the agent declares (\"\" if nothing)")
+    graph_digest: str = Field(description="16 hex digits of its graph's nodes and edges")
+    label: str = Field(description="how the dashboard names it: v4, or the digest's start")
+
+
+class AgentVersionOut(VersionOut):
+    state: Literal["current", "draining", "gone"] = Field(
+        description="current: new runs start on it; draining: kept registered for the runs "
+                    "that started on it; gone: no longer registered (its runs are held)")
+    live: int = Field(description="its runs not finished (neither succeeded nor compensated) "
+                                  "that the caller may see: a draining version with none can "
+                                  "go")
+
+
 class RunOut(Out):
     code: uuid.UUID
     agent: str
@@ -246,6 +261,9 @@ class RunOut(Out):
     request: RequestOut | None = Field(description="an operator's request waiting for a "
                                                    "worker; others are refused until it "
                                                    "is carried out")
+    version: VersionOut | None = Field(description="the version of its agent the run was "
+                                                   "submitted on, and goes on on (null: "
+                                                   "submitted before versions were recorded)")
 
 
 class RunListOut(Out):

@@ -28,7 +28,7 @@ from django.views.decorators.http import require_GET
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard import graph, labels
-from stateguard_web.runs import agent_map, runtime
+from stateguard_web.runs import agent_map, runtime, versions
 from stateguard_web.runs.agent_map import STOPS, WINDOWS, MapNode
 
 LIVE_EVERY_MS = 2000
@@ -116,7 +116,8 @@ def map_page(*, user: Any, agent: str, window: str) -> dict[str, Any]:
         note=_note(r.node), detail=r.share, href=r.href) for r in rows}
     lay = graph.map_layout(agent, tuple((n.parent, n.name) for n in nodes if n.parent))
     svg: SafeString = graph.render(lay, states, title=f"Map of the {agent} agent")
-    return {"map": found, "rows": rows, "svg": svg, "window_words": WINDOWS[window][0]}
+    return {"map": found, "rows": rows, "svg": svg, "window_words": WINDOWS[window][0],
+            "versions": versions.live_counts(access.visible_runs(user), agent=agent)}
 
 
 def _note(node: MapNode) -> str:

@@ -40,7 +40,7 @@ from stateguard_web.dashboard.forms import (
 from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.monitoring import heartbeat
 from stateguard_web.monitoring import workers as monitoring
-from stateguard_web.runs import agent_map, runtime, selectors, services
+from stateguard_web.runs import agent_map, runtime, selectors, services, versions
 from stateguard_web.sagas.models import Approval, Batch, Run
 from stateguard_web.webhooks import selectors as webhooks
 
@@ -134,6 +134,7 @@ def run_detail(request: HttpRequest, code: uuid.UUID) -> HttpResponse:
         "run": run, "page": page, "confirm": request.GET.get("confirm", ""),
         "decision_form": DecisionForm(), "compensate_form": CompensateForm(),
         "resolve_form": ResolveForm(), "webhooks": webhooks.run_webhooks(run=run),
+        "version": versions.of(run),
     })
 
 

@@ -2,7 +2,9 @@
 benchmark ones): every module that names agents imports, and each agent's spec builds from this
 deployment's settings, its graph compiles under its guard (whose compile refuses compensation,
 approval and kind keys that name none of its nodes, tools or tasks) and its input schema gives
-a JSON schema. Each error names the agent, so a team adding its own sees which one is wrong."""
+a JSON schema; so do the older versions an agent keeps for draining (docs/agents.md,
+"Versions"). Each error names the agent (and the version), so a team adding its own sees which
+one is wrong."""
 
 from __future__ import annotations
 
@@ -15,27 +17,28 @@ from stateguard import StateGuardCheckpointer
 from stateguard_web.runs import runtime
 
 
-def _problem(agent: str, what: str, exc: BaseException, id: str) -> checks.Error:
-    return checks.Error(f"agent {agent!r}: {what}: {type(exc).__name__}: {exc}", id=id,
+def _problem(who: str, what: str, exc: BaseException, id: str) -> checks.Error:
+    return checks.Error(f"{who}: {what}: {type(exc).__name__}: {exc}", id=id,
                         hint="docs/agents.md says what an agent's spec must hold")
 
 
-def check_agent(name: str) -> list[checks.CheckMessage]:
+def check_agent(name: str, version: str | None = None) -> list[checks.CheckMessage]:
+    shown = f"agent {name!r}" + ("" if version is None else f" version {version!r}")
     try:
-        spec = registry.get(name, runtime.agent_settings())
+        spec = registry.get(name, runtime.agent_settings(), version=version)
     except Exception as exc:
-        return [_problem(name, "its spec cannot be made from this deployment's settings",
+        return [_problem(shown, "its spec cannot be made from this deployment's settings",
                          exc, "stateguard.E101")]
     try:
         guard = StateGuardCheckpointer(**spec.guard_kwargs())
         guard.compile(spec.build())
     except Exception as exc:
-        return [_problem(name, "its graph does not compile under its guard", exc,
+        return [_problem(shown, "its graph does not compile under its guard", exc,
                          "stateguard.E102")]
     try:
         spec.input_schema.model_json_schema()
     except Exception as exc:
-        return [_problem(name, f"its input schema {spec.input_schema.__name__} gives no "
+        return [_problem(shown, f"its input schema {spec.input_schema.__name__} gives no "
                          "JSON schema", exc, "stateguard.E103")]
     return []
 
@@ -48,4 +51,5 @@ def check_agents(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         return [checks.Error(str(exc), id="stateguard.E100",
                              hint="fix or remove the module named in STATEGUARD_AGENTS or "
                                   "the package's stateguard.agents entry point")]
-    return [message for name in names for message in check_agent(name)]
+    return [message for name in names for version in [None, *registry.draining(name)]
+            for message in check_agent(name, version)]

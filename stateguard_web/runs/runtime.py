@@ -22,6 +22,7 @@ from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph import StateGraph
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -29,11 +30,13 @@ from agents import registry
 from agents.mail import MailSettings
 from agents.registry import AgentSettings, AgentSpec, AwsSettings
 from stateguard import RetryLater, StateGuardCheckpointer
+from stateguard.versions import GraphShape
 from stateguard_web.sagas import events
 from stateguard_web.sagas.events import publish
 from stateguard_web.sagas.journal import DjangoJournal, pg
 from stateguard_web.sagas.journal.checkpoints import JournalingPostgresSaver
 from stateguard_web.sagas.journal.process_lock import ProcessLock
+from stateguard_web.sagas.models import AgentVersion
 
 
 @cache
@@ -96,7 +99,7 @@ def close() -> None:
         saver().conn.close()  # type: ignore[attr-defined]
     if process_lock.cache_info().currsize and (lock := process_lock()) is not None:
         lock.forget()
-    for cached in (saver, checkpoint_pool, _guard, _spec, journal, process_lock):
+    for cached in (saver, checkpoint_pool, _guard, _spec, shape, journal, process_lock):
         cached.cache_clear()
 
 
@@ -146,21 +149,39 @@ def agent_spec(agent: str) -> AgentSpec:
 
 
 @cache
-def _spec(agent: str) -> AgentSpec:
-    """The agent's spec, with the deployment's ``STATEGUARD_ON_CRASH`` for it, if any, over
-    the agent's own crash policy."""
+def _spec(agent: str, version: str | None = None) -> AgentSpec:
+    """The agent's spec (of ``version``, one kept for draining; None: the current one), with
+    the deployment's ``STATEGUARD_ON_CRASH`` for it, if any, over the agent's own crash
+    policy."""
     overrides = settings.STATEGUARD_ON_CRASH
     if unknown := set(overrides) - set(registry.names(benchmarks=True)):
         raise ImproperlyConfigured(f"STATEGUARD_ON_CRASH names no agent: {sorted(unknown)}")
-    spec = registry.get(agent, agent_settings())
+    spec = registry.get(agent, agent_settings(), version=version)
     return replace(spec, on_crash=overrides[agent]) if agent in overrides else spec
 
 
-def guard_for(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
+def guard_for(agent: str, version: str | None = None
+              ) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
     """The guard, the compiled graph and the spec of ``agent`` (``KeyError`` if unknown or not
-    offered here). Checked on every call, built once per process."""
+    offered here), of its current version or of ``version``, one kept for draining
+    (runs/versions.py chooses). Checked on every call, built once per process."""
     agent_spec(agent)
-    return _guard(agent)
+    return _guard(agent, _kept(agent, version))
+
+
+def _kept(agent: str, version: str | None) -> str | None:
+    # The current version is built once, whether a caller names it or not.
+    return None if version == registry.version(agent) else version
+
+
+@cache
+def shape(agent: str, version: str | None = None) -> GraphShape:
+    """The shape of the agent's graph (its current version's, or ``version``'s), compiled
+    without a guard: the guard's ``compile`` makes the same graph, and a process that only
+    takes submissions builds no saver for it."""
+    agent_spec(agent)
+    built = _spec(agent, _kept(agent, version)).build()
+    return GraphShape.of(built.compile() if isinstance(built, StateGraph) else built)
 
 
 def retry_later() -> RetryLater | None:
@@ -174,14 +195,27 @@ def retry_later() -> RetryLater | None:
 
 
 @cache
-def _guard(agent: str) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
-    spec = _spec(agent)
+def _guard(agent: str, version: str | None) -> tuple[StateGuardCheckpointer, Any, AgentSpec]:
+    spec = _spec(agent, version)
     guard = StateGuardCheckpointer(
         saver(), journal=journal(), on_event=publish,
         lease_ttl=settings.STATEGUARD_LEASE_SECONDS,
         lease_heartbeat=settings.STATEGUARD_LEASE_RENEW_SECONDS,
         **spec.guard_kwargs(later=retry_later()))
-    return guard, guard.compile(spec.build()), spec
+    made = guard, guard.compile(spec.build()), spec
+    _record(agent, registry.version(agent) if version is None else version,
+            shape(agent, version))
+    return made
+
+
+def _record(agent: str, version: str, made: GraphShape) -> None:
+    """Keep the version's shape (``AgentVersion``), once a process is to run it: should the
+    agent drop it later, a worker says what changed for the runs left on it. Here, not on each
+    submission: that would cost each one an insert, and a run that never reached a worker has
+    run no step on its version (it starts on the current one)."""
+    AgentVersion.objects.bulk_create([AgentVersion(
+        agent=agent, version=version, graph_digest=made.digest, nodes=list(made.nodes),
+        edges=[list(e) for e in made.edges])], ignore_conflicts=True)
 
 
 @receiver(setting_changed)
@@ -192,6 +226,7 @@ def _agent_settings_changed(*, setting: str, **kwargs: Any) -> None:
                        ("STATEGUARD_COMPENSATION_RETRY_LATER_", "EMAIL_", "AWS_", "STRIPE_")):
         _guard.cache_clear()
         _spec.cache_clear()
+        shape.cache_clear()
 
 
 def config_for(code: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from stateguard.lifecycle import Pivot
 from stateguard.records import StepRecord, StepStatus
 from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.lib import rows as sql_rows
-from stateguard_web.runs import agent_map, runtime
+from stateguard_web.runs import agent_map, runtime, versions
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,
@@ -342,7 +342,26 @@ def run_summary(*, run: Run) -> dict[str, Any]:
         "updated_at": run.updated_at.isoformat(),
         "submitted_by": run.submitted_by.get_username() if run.submitted_by else None,
         "request": _request(run),
+        "version": version_json(versions.of(run)),
     }
+
+
+def agent_versions(*, runs: QuerySet[Run], agent: str) -> list[dict[str, Any]]:
+    """Each version of ``agent`` with how many of ``runs`` are not finished on it
+    (``versions.live_counts``); ``NotFound`` for an agent neither offered nor with runs."""
+    counts = versions.live_counts(runs, agent=agent)
+    if not counts:
+        raise NotFound(f"no agent {agent!r}: GET /api/agents lists them")
+    return [{**(version_json(c.version) or {}), "state": c.state, "live": c.live}
+            for c in counts]
+
+
+def version_json(version: versions.Version | None) -> dict[str, str] | None:
+    """An agent version as the API and pages show it."""
+    if version is None:
+        return None
+    return {"version": version.version, "graph_digest": version.digest,
+            "label": version.label}
 
 
 def run_detail(*, run: Run) -> dict[str, Any]:

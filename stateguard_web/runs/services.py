@@ -23,7 +23,7 @@ from stateguard.exceptions import ConfigurationError, InvalidRunState
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
 from stateguard.stops import THEN, StopRequest
-from stateguard_web.runs import runtime, selectors, tasks
+from stateguard_web.runs import runtime, selectors, tasks, versions
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import leases
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
@@ -119,6 +119,7 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
     fingerprint = _fingerprint(agent, data) if key else ""
     run = Run(agent=agent, input=data, submitted_by=user, idempotency_key=key,
               submission_hash=fingerprint)
+    versions.stamp(run)  # the version the run is to go on on, to its end
     event = _audit_event(None, by, "run.submitted", agent=agent)
     try:
         with transaction.atomic():  # the run and its audit event, together or not at all

@@ -28,11 +28,11 @@ from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
 from stateguard.lifecycle import LIVE, Action, fits
-from stateguard_web.runs import queue
+from stateguard_web.runs import queue, versions
 from stateguard_web.runs.runtime import agent_names, config_for, guard_for, has_checkpoint
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import LeaseLost
-from stateguard_web.sagas.journal.leases import abandoned, db_now
+from stateguard_web.sagas.journal.leases import abandoned, db_now, held
 from stateguard_web.sagas.models import AuditEvent, Compensation, Run
 
 logger = logging.getLogger("stateguard.tasks")
@@ -43,17 +43,20 @@ GuardAction = Callable[[Any, Any, dict[str, Any], Run], Any]
 
 def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *,
                 request: str = "", by: str = "") -> bool:
-    """Run ``action`` with the run's guard. ``request`` names an operator's request (made by
-    ``by``) that the guard may refuse under the lease: the refusal is audited. ``False`` when
-    another worker held the run and, with no ``task`` to retry, this backed off."""
+    """Run ``action`` with the run's guard, of the agent's version the run started on
+    (``versions.choose``). ``request`` names an operator's request (made by ``by``) that the
+    guard may refuse under the lease: the refusal is audited. ``False`` when another worker
+    held the run and, with no ``task`` to retry, this backed off."""
     if not isinstance(run, Run):
         run = Run.objects.get(pk=run)
     if run.agent not in agent_names():
         _unknown_agent(run, request, by)
         return True
-    guard, graph, _ = guard_for(run.agent)
     try:
+        guard, graph, _ = guard_for(run.agent, _version_for(run, request, by))
         action(guard, graph, config_for(run.thread_id), run)
+    except _Held:  # journaled and audited: an operator's now
+        pass
     except SagaAborted as exc:  # unwound and journaled; nothing more to do here
         logger.info("run %s aborted: %s", run.code, exc)
     except LeaseLost:  # another worker took the run over mid-way; it is theirs now
@@ -66,9 +69,7 @@ def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *
     except InvalidRunState as exc:  # the run moved on since the request, or a duplicate
         logger.info("run %s: %s", run.code, exc)
         if request:
-            AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
-                                      data={"request": request, "requested_by": by,
-                                            "reason": str(exc)})
+            _refused(run, request, by, str(exc))
     except Exception as exc:
         # The guard held the run for an operator (its policy says a retry may fix this error)
         # and let the error through: that is the run's outcome, journaled, not the task's
@@ -85,27 +86,67 @@ def _unknown_agent(run: Run, request: str, by: str) -> None:
     here). A run a worker would otherwise take up again and again (pending, or live with its
     worker gone) can never go on: it needs a person. An operator's request on a run that waits
     (paused, failed) is refused and the run left as it is."""
-    now = db_now()
     message = (f"agent {run.agent!r} is not offered by this deployment (it offers "
                f"{', '.join(agent_names())})")
+    if not _park(run, [Run.Status.PENDING, *LIVE], "UnknownAgent", message,
+                 action="run.agent_unknown", data={"agent": run.agent}) and request:
+        _refused(run, request, by, message)
+
+
+class _Held(Exception):
+    """The run was held for an operator, or the request refused (``_version_for``)."""
+
+
+# An operator's unwind goes on on the current version when the run's own is gone: the
+# compensations are found by node name, and it is how an operator clears a run held for it.
+_UNWINDS = frozenset({Action.REJECT, Action.COMPENSATE, Action.RETRY_COMPENSATION,
+                      Action.TERMINATE})
+
+
+def _version_for(run: Run, request: str, by: str) -> str | None:
+    """The agent's version to go on with ``run`` on (``runtime.guard_for``'s). A run whose
+    version is no longer registered is held ``needs_attention`` with what changed (raises
+    ``_Held``): going on on another graph may go wrong in ways no one sees. A pending run
+    whose version is gone takes the current one instead: no step of it ran."""
+    choice = versions.choose(run)
+    if not choice.changed or request in _UNWINDS:
+        return choice.version
+    if run.status == Run.Status.PENDING:
+        versions.restamp(run)
+        return None
+    if Run.objects.filter(held(), pk=run.pk).exists():
+        raise RunLocked(f"run {run.code} is held by another worker")
+    if not _park(run, [*LIVE, Run.Status.PAUSED, Run.Status.FAILED,
+                       Run.Status.NEEDS_ATTENTION], "AgentChanged", choice.changed,
+                 action="run.agent_changed", data={"request": request, "requested_by": by}):
+        _refused(run, request, by, choice.changed)
+    raise _Held
+
+
+def _park(run: Run, statuses: list[str], error_type: str, message: str, *, action: str,
+          data: dict[str, Any]) -> bool:
+    """Hold ``run`` ``needs_attention`` for a person with ``message``, if it is in one of
+    ``statuses`` and no live worker holds it; audit it. Whether it was."""
+    now = db_now()
     with transaction.atomic():
         parked = Run.objects.filter(
-            Q(lease_owner="") | abandoned(now), pk=run.pk,
-            status__in=[Run.Status.PENDING, *LIVE],
+            Q(lease_owner="") | abandoned(now), pk=run.pk, status__in=statuses,
         ).update(status=Run.Status.NEEDS_ATTENTION, updated_at=now, lease_owner="",
                  lease_expires_at=None, fencing_token=F("fencing_token") + 1,
-                 error={"type": "UnknownAgent", "message": message, "traceback": ""})
+                 error={"type": error_type, "message": message, "traceback": ""})
         if parked:
-            AuditEvent.objects.create(run=run, actor="worker", action="run.agent_unknown",
-                                      data={"agent": run.agent, "message": message})
+            AuditEvent.objects.create(run=run, actor="worker", action=action,
+                                      data={**data, "message": message})
             signals.run_waits.send(sender=Run, run_code=str(run.code),
                                    status=Run.Status.NEEDS_ATTENTION)
             logger.error("run %s needs attention: %s", run.code, message)
-        elif request:
-            AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
-                                      data={"request": request, "requested_by": by,
-                                            "reason": message})
-            logger.warning("run %s: %s refused: %s", run.code, request, message)
+    return bool(parked)
+
+
+def _refused(run: Run, request: str, by: str, reason: str) -> None:
+    AuditEvent.objects.create(run=run, actor="worker", action="run.request_refused",
+                              data={"request": request, "requested_by": by, "reason": reason})
+    logger.warning("run %s: %s refused: %s", run.code, request, reason)
 
 
 @shared_task(acks_late=True, name=f"{NAMES}.run_execute")
@@ -115,15 +156,15 @@ def run_execute(run_pk: int) -> None:
     # makes it exact: it takes the run's lease and moves it from pending to running under it.
     # A plain query: the ORM's compiler cost more CPU than the query (P2, docs/benchmarks.md).
     with connection.cursor() as cursor:
-        cursor.execute("SELECT code, agent, input FROM sagas_run WHERE id = %s AND status = %s",
-                       [run_pk, Run.Status.PENDING])
+        cursor.execute("SELECT code, agent, input, agent_version, graph_digest FROM sagas_run "
+                       "WHERE id = %s AND status = %s", [run_pk, Run.Status.PENDING])
         row = cursor.fetchone()
     if row is None:
         return
-    code, agent, data = row
+    code, agent, data, version, digest = row
     run = Run(pk=run_pk, code=code if isinstance(code, uuid.UUID) else uuid.UUID(code),
-              agent=agent, status=Run.Status.PENDING,
-              input=json.loads(data) if isinstance(data, str) else data)
+              agent=agent, status=Run.Status.PENDING, agent_version=version,
+              graph_digest=digest, input=json.loads(data) if isinstance(data, str) else data)
     _with_guard(run, lambda guard, graph, config, run: guard.invoke(graph, run.input, config))
 
 

@@ -95,6 +95,13 @@ class Run(models.Model):
     # once by a trigger, whichever write gets there (migration 0024), never changed after. The
     # workers page's "started per minute"; created_at to started_at is the time it queued.
     started_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The version of its agent the run was submitted on (runs/versions.py): what the agent
+    # declares (agents.registry.register(version=...), "" if nothing) and the digest of its
+    # graph's shape (stateguard.versions). A worker goes on with the run only on that version.
+    # NULL: a run submitted before versions were recorded, which goes on as before. Nullable,
+    # so that adding them rewrites no row (nor rebuilds the table, on SQLite: see 0012).
+    agent_version = models.CharField(max_length=100, null=True, blank=True, editable=False)
+    graph_digest = models.CharField(max_length=16, null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -171,6 +178,29 @@ class Run(models.Model):
     def thread_id(self) -> str:
         """The LangGraph thread and the saga journal's run id."""
         return str(self.code)
+
+
+class AgentVersion(models.Model):
+    """A version of an agent that runs were submitted on, with its graph's shape: what lets a
+    worker say what changed when the version a run started on is no longer registered ("nodes
+    removed: ship"). Written once per version (the first submission on it inserts it)."""
+
+    agent = models.CharField(max_length=100)
+    version = models.CharField(max_length=100, blank=True)
+    graph_digest = models.CharField(max_length=16)
+    nodes = models.JSONField()  # sorted node names
+    edges = models.JSONField()  # sorted [source, target, conditional]
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            # One row per version: a submission inserts it and ignores the conflict.
+            models.UniqueConstraint(fields=["agent", "version", "graph_digest"],
+                                    name="sagas_agentversion_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent} {self.version or '-'} {self.graph_digest}"
 
 
 class Step(models.Model):

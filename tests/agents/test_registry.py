@@ -8,8 +8,10 @@ import pytest
 from langgraph.graph import StateGraph
 from pydantic import BaseModel, ConfigDict
 
-from agents.registry import AgentInput, AgentSettings, AgentSpec
+from agents import registry
+from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from stateguard import Compensation, CompensationRetry, ConfigurationError, RetryLater
+from tests.agents.registry_support import own_registry
 
 
 def test_it_keeps_the_stripe_key_out_of_the_settings_repr() -> None:
@@ -72,3 +74,42 @@ def test_it_gives_the_deployments_wait_to_each_retry_policy_that_sets_none() -> 
     off = spec.guard_kwargs()  # the deployment does not wait: no policy is changed
     assert off["compensation_retry"].later is None
     assert off["compensations"]["tuned"].retry.later is None
+
+
+def shop_spec(settings: AgentSettings) -> AgentSpec:
+    return AgentSpec(name="shop", build=StateGraph, input_schema=Order, description="now")
+
+
+def old_shop_spec(settings: AgentSettings) -> AgentSpec:
+    return AgentSpec(name="shop", build=StateGraph, input_schema=Order, description="before")
+
+
+def test_it_keeps_an_older_version_for_the_runs_that_started_on_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own_registry(monkeypatch)
+    register("shop", version="1", draining=True)(old_shop_spec)
+    register("shop", version="2")(shop_spec)
+    settings = AgentSettings(stripe_api_key="", stripe_api_base="", sandbox_dir=Path("/tmp"))
+
+    assert (registry.version("shop"), registry.draining("shop")) == ("2", ["1"])
+    assert registry.names().count("shop") == 1  # new runs: one agent, its current version
+    assert registry.get("shop", settings).description == "now"
+    assert registry.get("shop", settings, version="2").description == "now"
+    assert registry.get("shop", settings, version="1").description == "before"
+    with pytest.raises(KeyError):
+        registry.get("shop", settings, version="0")
+
+
+def test_it_refuses_a_draining_version_it_could_not_tell_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    own_registry(monkeypatch)
+    register("shop", version="2")(shop_spec)
+    register("shop", version="1", draining=True)(old_shop_spec)
+
+    for version in ("", "1", "2"):  # none, the kept one again, the current one
+        with pytest.raises(ConfigurationError, match="a draining version needs a version"):
+            register("shop", version=version, draining=True)(old_shop_spec)
+    register("cart", version="1", draining=True)(old_shop_spec)  # and no current "cart"
+    monkeypatch.setattr(registry, "_complete", False)
+    with pytest.raises(ConfigurationError, match=r"\['cart'\] keep draining versions"):
+        registry.names()

@@ -88,7 +88,7 @@ def test_a_worker_retries_forward_a_run_held_past_its_pivot(
     # The provider is fixed; an operator asks for a retry and a worker carries it out.
     smtp["down"] = False
     monkeypatch.setattr(tasks, "agent_names", lambda: [run.agent])
-    monkeypatch.setattr(tasks, "guard_for", lambda agent: (guard, graph, None))
+    monkeypatch.setattr(tasks, "guard_for", lambda agent, version: (guard, graph, None))
     services.run_retry(run=run, by=make_user("olga", "operator"))
     run.refresh_from_db()
     tasks.run_request(run.pk, run.request["id"])

@@ -247,6 +247,7 @@ class AgentsAndSchemaTests(World):
             "/api/runs/{code}/reject", "/api/runs/{code}/retry", "/api/runs/{code}/compensate",
             "/api/runs/{code}/resolve", "/api/runs/{code}/terminate",
             "/api/compensations/{id}/retry", "/api/agents", "/api/agents/{name}/map",
+            "/api/agents/{name}/versions",
             "/api/batches", "/api/batches/{code}", "/api/batches/{code}/cancel",
             "/api/incidents", "/api/workers", "/api/queue", "/api/queue/throughput",
             "/api/runs/{code}/webhooks", "/api/webhooks/secret", "/api/webhooks/default"}
