@@ -265,7 +265,7 @@ def count_s3(s3: Any, originals: dict[str, tuple[str, bytes]], codes: dict[str, 
 
     from agents.cleanup import OURS
 
-    deleted = restored = 0
+    deleted = in_place = 0
     for code, run in runs.items():
         key = codes[code]["key"]
         version, body = originals[key]
@@ -284,7 +284,7 @@ def count_s3(s3: Any, originals: dict[str, tuple[str, bytes]], codes: dict[str, 
         if current is None:
             problems["objects left deleted after an unwind"].append(f"{code} {key}")
             continue
-        restored += 1
+        in_place += 1  # restored, or never deleted (the run died before its delete)
         if current != (version, body):
             problems["objects restored as another version or other bytes"].append(
                 f"{code} {key} {current[0]} (was {version})")
@@ -292,7 +292,7 @@ def count_s3(s3: Any, originals: dict[str, tuple[str, bytes]], codes: dict[str, 
         if left := [t["Key"] for t in tags if t["Key"] in OURS]:
             problems["restored objects still tagged"].append(f"{code} {key} {left}")
     return {"objects": len(originals), "deleted now": deleted,
-            "restored after an unwind": restored}
+            "unwound runs' objects in place": in_place}
 
 
 def reconcile(agent: str, runs: dict[str, Any], problems: dict[str, list[str]]
