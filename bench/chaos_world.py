@@ -55,6 +55,7 @@ from bench.procs import start_moto, stop
 from tools.smtp_server import FolderHandler
 
 AGENTS = ("provision", "travel", "cleanup")
+MIX = "mix"  # the three at once, in turn, on the same workers and stand-ins
 BUCKET = "chaos-files"
 UNWOUND = ("compensated", "needs_attention")
 MAIL_FROM = "StateGuard <stateguard@chaos.test>"
@@ -96,13 +97,17 @@ class World:
                 stop_one()
 
 
+def agents_of(agent: str) -> tuple[str, ...]:
+    return AGENTS if agent == MIX else (agent,)
+
+
 def start(agent: str, log_dir: Path, latency: float) -> World:
     """Start ``agent``'s stand-ins (``checkout``'s localstripe is r1's own): moto behind a
     relay adding ``latency`` seconds a request, or an SMTP server answering ``latency``
     seconds late."""
     world = World(agent, log_dir)
     try:
-        if agent in ("provision", "cleanup"):
+        if {"provision", "cleanup"} & set(agents_of(agent)):
             proc, world.aws_url = start_moto(log_dir)
             world._stops.append(lambda: stop(proc))
             world.relay = FaultRelay(world.aws_url, lambda _: None, latency=latency,
@@ -110,7 +115,7 @@ def start(agent: str, log_dir: Path, latency: float) -> World:
             world._stops.append(world.relay.close)
             world.env.update(AWS_ENDPOINT_URL=world.relay.url, AWS_ACCESS_KEY_ID="testing",
                              AWS_SECRET_ACCESS_KEY="testing", AWS_REGION="us-east-1")
-        if agent == "travel":
+        if "travel" in agents_of(agent):
             world.mail = MailFolder(log_dir / "mail")
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -129,8 +134,17 @@ def start(agent: str, log_dir: Path, latency: float) -> World:
     return world
 
 
-def inputs(agent: str, runs: int, rng: random.Random, world: World) -> list[dict[str, Any]]:
-    """The runs' inputs, half of them (drawn from ``rng``) set to fail after an effect; for
+def inputs(agent: str, runs: int, rng: random.Random, world: World
+           ) -> list[tuple[str, dict[str, Any]]]:
+    """Each run's agent and input; ``mix``: the three agents in turn."""
+    each = agents_of(agent)
+    made = {a: iter(_inputs(a, len(range(i, runs, len(each))), rng, world))
+            for i, a in enumerate(each)}
+    return [(each[i % len(each)], next(made[each[i % len(each)]])) for i in range(runs)]
+
+
+def _inputs(agent: str, runs: int, rng: random.Random, world: World) -> list[dict[str, Any]]:
+    """An agent's inputs, half of them (drawn from ``rng``) set to fail after an effect; for
     ``cleanup``, the bucket and its objects are made here, one per run."""
     failing = set(rng.sample(range(runs), runs // 2))
     if agent == "provision":
@@ -171,29 +185,35 @@ def _s3(url: str) -> Any:
 
 
 # -- counting, from the providers' side -----------------------------------------------------
-def count(world: World, codes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``problems`` (name -> what each counts) and what else a report says of the world."""
+def count(world: World, codes: dict[str, dict[str, Any]], agents: dict[str, str]
+          ) -> dict[str, Any]:
+    """``problems`` (name -> what each counts) and what else a report says of the world, for
+    the runs of each agent (``agents``: run code -> agent)."""
     from stateguard_web.sagas.models import Run
 
-    runs = {str(r.code): r for r in Run.objects.filter(code__in=list(codes))}
-    found: dict[str, Any] = {"problems": defaultdict(list)}
-    if world.agent == "provision":
-        from bench.faults_stripe import count_aws
+    problems: dict[str, list[str]] = defaultdict(list)
+    found: dict[str, Any] = {}
+    for agent in agents_of(world.agent):
+        mine = {c: i for c, i in codes.items() if agents[c] == agent}
+        runs = {str(r.code): r for r in Run.objects.filter(code__in=list(mine))}
+        said = f"{agent} " if world.agent == MIX else ""
+        if agent == "provision":
+            from bench.faults_stripe import count_aws
 
-        aws = count_aws(world.aws_url, codes)
-        found["aws"] = aws["aws"]
-        found["problems"].update(aws["problems"])
-        found["problems"].pop("runs not finished", None)  # r1's journal counts say it
-    elif world.agent == "travel":
-        assert world.mail is not None
-        found["mail"] = count_mail(world.mail, runs, found["problems"])
-        found["hotel"] = count_rooms(world.log_dir / "sandbox", runs, found["problems"])
-    elif world.agent == "cleanup":
-        found["s3"] = count_s3(_s3(world.aws_url), world.originals, codes, runs,
-                               found["problems"])
-    found["reconcile"] = reconcile(world.agent, runs, found["problems"])
-    found["problems"] = dict(found["problems"])
-    return found
+            aws = count_aws(world.aws_url, mine)
+            found[f"{said}aws"] = aws["aws"]
+            aws["problems"].pop("runs not finished", None)  # r1's journal counts say it
+            for name, lines in aws["problems"].items():
+                problems[name] += lines
+        elif agent == "travel":
+            assert world.mail is not None
+            found[f"{said}mail"] = count_mail(world.mail, runs, problems)
+            found[f"{said}hotel"] = count_rooms(world.log_dir / "sandbox", runs, problems)
+        elif agent == "cleanup":
+            found[f"{said}s3"] = count_s3(_s3(world.aws_url), world.originals, mine, runs,
+                                          problems)
+        found[f"{said}reconcile"] = reconcile(agent, runs, problems)
+    return {**found, "problems": dict(problems)}
 
 
 def count_mail(folder: MailFolder, runs: dict[str, Any],
@@ -338,3 +358,4 @@ MUST_BE_ZERO = {
                 "reconcile_effects: s3 drift", "reconcile_effects: s3 not compared"),
 }
 
+MUST_BE_ZERO[MIX] = tuple(dict.fromkeys(name for agent in AGENTS for name in MUST_BE_ZERO[agent]))

@@ -106,8 +106,9 @@ def parse_range(text: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--agent", choices=["checkout", *chaos_world.AGENTS],
-                        default="checkout", help="the agent whose runs it submits")
+    parser.add_argument("--agent", choices=["checkout", *chaos_world.AGENTS, chaos_world.MIX],
+                        default="checkout",
+                        help="the agent whose runs it submits (mix: the other three in turn)")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=1.0, help="submissions per second")
@@ -150,7 +151,8 @@ def main() -> None:
         env_extra.update(zip(("STATEGUARD_LEASE_SECONDS", "STATEGUARD_LEASE_RENEW_SECONDS",
                               "STATEGUARD_SWEEP_SECONDS"), args.lease.split(","), strict=True))
     if args.on_crash:
-        env_extra["STATEGUARD_ON_CRASH"] = f"{args.agent}={args.on_crash}"
+        env_extra["STATEGUARD_ON_CRASH"] = ",".join(
+            f"{a}={args.on_crash}" for a in chaos_world.agents_of(args.agent))
     # The providers first: this process submits the runs and counts with the workers'
     # settings (the travel agent wants its mail server to build).
     ls_proc, ls_url = start_localstripe(log_dir)
@@ -181,11 +183,11 @@ def main() -> None:
         report = chaos(args, rng, beat, workers, world)
         for w in [*workers, beat]:  # nothing moves while the providers are counted
             w.stop()
-        codes = report.pop("codes")
+        codes, agents = report.pop("codes"), report.pop("agents")
         report.update(count(stripe.StripeClient(STRIPE_KEY, base_addresses={"api": ls_url}),
-                            codes, report["kill log"], relay.counts, args.agent))
+                            codes, report["kill log"], relay.counts, agents))
         if args.agent != "checkout":
-            world_found = chaos_world.count(world, codes)
+            world_found = chaos_world.count(world, codes, agents)
             report["problems"].update(world_found.pop("problems"))
             report["world"] = world_found
         report["log errors"] = log_errors(log_dir)
@@ -225,11 +227,13 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
 
     if args.agent == "checkout":
         failing = set(rng.sample(range(args.runs), args.runs // 2))
-        inputs = [{"email": f"chaos-{i}@example.com", "amount": rng.randint(1_00, 100_00),
-                   "fail_booking": i in failing} for i in range(args.runs)]
+        inputs = [("checkout", {"email": f"chaos-{i}@example.com",
+                                "amount": rng.randint(1_00, 100_00), "fail_booking": i in failing})
+                  for i in range(args.runs)]
     else:
         inputs = chaos_world.inputs(args.agent, args.runs, rng, world)
     codes: dict[str, dict[str, Any]] = {}  # run code -> its input
+    agents: dict[str, str] = {}  # run code -> its agent
     kills: list[Kill] = []
     beat.start()
     for w in workers:
@@ -241,8 +245,9 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
     while True:
         now = time.monotonic()
         while len(codes) < args.runs and start + len(codes) / args.rate <= now:
-            run = services.run_submit(agent=args.agent, input=inputs[len(codes)])
-            codes[str(run.code)] = inputs[len(codes)]
+            agent, run_input = inputs[len(codes)]
+            run = services.run_submit(agent=agent, input=run_input)
+            codes[str(run.code)], agents[str(run.code)] = run_input, agent
         if chaos_end is None and len(codes) == args.runs:
             chaos_end = now + args.chaos
         restart(workers, now)
@@ -285,7 +290,7 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
             "total_seconds": round(time.monotonic() - start),
             "starts": {w.name: w.starts for w in workers},
             "exits not ours": {w.name: w.exits for w in [*workers, beat] if w.exits},
-            "codes": codes, "kill log": kills}
+            "codes": codes, "agents": agents, "kill log": kills}
 
 
 def settle(codes: list[str], workers: list[Worker], start: float, deadline: float,
@@ -337,9 +342,17 @@ CHARGE_NODE = {"checkout": "charge_user", "travel": "charge_card"}
 
 
 def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
-          relay: Counter[str], agent: str = "checkout") -> dict[str, Any]:
+          relay: Counter[str], agents: dict[str, str] | None = None) -> dict[str, Any]:
     """What Stripe holds, per run, against what the journal says of the run (the Stripe
-    counts for the agents that charge only)."""
+    counts for the agents that charge only); ``agents``: each run's (default checkout)."""
+    agent_of = (agents or {}).get
+    several = len(set((agents or {}).values())) > 1
+
+    def planned(code: str) -> str:
+        agent = agent_of(code, "checkout")
+        said = f"{agent} " if several else ""
+        return f"{said}{'set to fail' if chaos_world.failing(agent, codes[code]) else 'ok'}"
+
     from stateguard_web.sagas.models import AuditEvent, Compensation, Effect, Run
 
     intents = list(client.v1.payment_intents.list(params={"limit": 100}).auto_paging_iter())
@@ -388,6 +401,7 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
     for code, run in runs.items():
         if run.status not in DONE:
             problems["runs not finished"].append(f"{code} {run.status}")
+        agent = agent_of(code, "checkout")
         if run.status == "succeeded" and not by_run.get(code) and agent in CHARGE_NODE:
             problems["succeeded runs without a charge"].append(code)
         if run.status == "succeeded" and chaos_world.failing(agent, codes[code]):
@@ -457,8 +471,10 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
         if run.status == "succeeded" and statuses:
             problems["journal: succeeded runs with a compensation"].append(code)
     for step in Step.objects.filter(run__code__in=list(codes),
-                                    node=CHARGE_NODE.get(agent, "")).select_related("run"):
+                                    node__in=CHARGE_NODE.values()).select_related("run"):
         code = str(step.run.code)
+        if step.node != CHARGE_NODE.get(agent_of(code, "checkout")):
+            continue
         if runs[code].status in ("compensated", "needs_attention") and not any(
                 c.step_id == step.pk for c in comps_of[code]):
             problems["journal: charge steps of unwound runs not compensated"].append(
@@ -474,10 +490,9 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
             str(a.result).split(" ")[0].strip("'\"") if a.ok else (a.error or {}).get("type", "?")
             for a in sorted(c.attempts.all(), key=lambda a: a.number)) + "]"
             for c in Compensation.objects.filter(run=runs[code]).prefetch_related("attempts")]
-        after_crash[f"{'set to fail' if chaos_world.failing(agent, codes[code]) else 'ok'} -> "
+        after_crash[f"{planned(code)} -> "
                     f"{runs[code].status}: {'; '.join(comps) or 'no compensation'}"] += 1
-    outcomes = Counter(f"{'set to fail' if chaos_world.failing(agent, codes[c]) else 'ok'} -> "
-                       f"{r.status}" for c, r in runs.items())
+    outcomes = Counter(f"{planned(c)} -> {r.status}" for c, r in runs.items())
     return {
         "outcomes": dict(sorted(outcomes.items())),
         "stripe": {"payment intents": len(intents), "charges": len(charges),
