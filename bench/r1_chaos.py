@@ -3,13 +3,14 @@ and the same for the agents whose effects are servers, e-mails and files (issue 
 
     .venv/bin/python bench/r1_chaos.py [--runs 200] [--seed 1]                         # R1
     .venv/bin/python bench/r1_chaos.py --refund-failures 0.3 [--refund-failure-mode lost]  # R2
-    .venv/bin/python bench/r1_chaos.py --agent provision|travel|cleanup --runs 60
+    .venv/bin/python bench/r1_chaos.py --agent provision|travel|cleanup|mix --runs 60
 
 With ``--agent`` other than ``checkout``, it also starts that agent's stand-ins (moto's server
 behind a relay adding ``--world-latency`` to each AWS call, or an SMTP server answering that
 late) and counts, after the runs, from those providers' side: ``bench/chaos_world.py`` says
 what (leaked instances, addresses, groups and records by their run's tag; e-mails per run at
-the SMTP server's folder; objects left deleted; and ``reconcile_effects``' drift).
+the SMTP server's folder; objects left deleted; and ``reconcile_effects``' drift). ``mix``
+submits the three in turn, on the same workers and stand-ins.
 
 Everything it uses is its own, started here and stopped at the end: localstripe (in memory,
 ``tools/localstripe_server.py``) behind a relay, the PostgreSQL database ``stateguard_chaos``
