@@ -1,6 +1,7 @@
 """R1 for the agents whose effects are more than a Stripe charge (issue 21): the stand-ins
-``r1_chaos.py --agent provision|travel|cleanup`` starts, the runs it submits, and what it counts
-afterwards from each provider's own side (never from the journal).
+``r1_chaos.py --agent provision|travel|cleanup|mix`` starts, the runs it submits, and what it
+counts afterwards from each provider's own side (never from the journal). ``mix`` runs the three
+in turn on the same workers and stand-ins, each run counted by its agent's rules.
 
 =========== =================================== ===========================================
 agent       its world                           counted (each must be 0)
