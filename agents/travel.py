@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 
 ATLANTIS = "Atlantis"  # the sandbox has no hotel there: the reservation fails
 RUN_KEY, CALL_KEY = "stateguard_run", "stateguard_tool_call"  # a charge's metadata
+UNDO_KEY = "stateguard_compensation"  # a refund's metadata: the compensation's key
 _ONCE: Any = {"max_network_retries": 0}  # a lost answer is looked up, never blindly resent
 SYSTEM = ("You are a travel agent. Charge the customer's card for the trip with charge_card, "
           "then hold the hotel with reserve_hotel, then e-mail the confirmation with "
@@ -215,7 +216,7 @@ class Travel:
     # -- tools ------------------------------------------------------------------------------
     def charge(self, amount: int, currency: str, email: str, call_id: str) -> dict[str, Any]:
         run = _run()
-        key = f"stateguard:{run}:charge_card:{call_id}"
+        key = charge_key(run, call_id)
         customer = self.client.v1.customers.create(
             params={"email": email}, options={"idempotency_key": f"{key}:customer"})
         intent = self.client.v1.payment_intents.create(params={
@@ -223,8 +224,7 @@ class Travel:
             "payment_method": "pm_card_visa", "confirm": True,
             "metadata": {RUN_KEY: run, CALL_KEY: call_id}},
             options=_ONCE | {"idempotency_key": key})
-        record_effect(Effect("stripe", "charge", intent.id, amount=int(intent.amount),
-                             currency=str(intent.currency), idempotency_key=key))
+        record_charge(intent, key)
         self.log(f"do:charge:{intent.id}")
         return {"payment_intent_id": intent.id, "amount": int(intent.amount),
                 "currency": str(intent.currency)}
@@ -257,7 +257,12 @@ class Travel:
     def refund(self, state: dict[str, Any], ctx: ExceptionContext) -> str | bool:
         """Refund what Stripe says is left of the call's charge, with the call's key: the
         charge its result names, else (it raised, or died, saving none) the one Stripe has
-        for the run and the call."""
+        for the run and the call.
+
+        The ledger gets what Stripe has even when its recorder died: the charge (the call may
+        have died between Stripe's answer and its record) and the refunds an earlier attempt
+        of this compensation made (found by their metadata: that attempt died, or its answer
+        was lost, before it recorded them), which it reports instead of refunding again."""
         charge = ctx.tool_call.result if ctx.tool_call else None
         if isinstance(charge, dict) and "payment_intent_id" in charge:
             intent = self.client.v1.payment_intents.retrieve(charge["payment_intent_id"])
@@ -265,21 +270,35 @@ class Travel:
             intent = self.find_charge(ctx)
             if intent is None:
                 return False  # no charge was made: nothing to undo
+        if ctx.tool_call is not None:
+            record_charge(intent, charge_key(ctx.run_id, ctx.tool_call.id))
         latest = intent.latest_charge  # an id on Stripe, an expanded object on localstripe
         charge_id = str(latest if isinstance(latest, str) else latest.id)
+        made = [r for r in self.client.v1.refunds.list(params={"charge": charge_id, "limit": 100})
+                .auto_paging_iter() if r.status not in ("failed", "canceled")
+                and (r.metadata.to_dict() if r.metadata else {}).get(UNDO_KEY)
+                == ctx.idempotency_key]
+        for earlier in made:
+            self.record_refund(earlier, intent.id, ctx)
         stripe_charge = self.client.v1.charges.retrieve(charge_id)
         remaining = stripe_charge.amount - (stripe_charge.amount_refunded or 0)
         if remaining <= 0:
-            return False
+            return "; ".join(f"found {r.id}: {r.amount} {r.currency} refunded by an earlier "
+                             "attempt" for r in made) or False
         refund = self.client.v1.refunds.create(
             params={"charge": charge_id, "amount": remaining,
-                    "metadata": {RUN_KEY: ctx.run_id, "reason": ctx.reason}},
+                    "metadata": {RUN_KEY: ctx.run_id, "reason": ctx.reason,
+                                 UNDO_KEY: ctx.idempotency_key}},
             options=_ONCE | {"idempotency_key": ctx.idempotency_key})
-        record_effect(Effect("stripe", "refund", refund.id, amount=int(refund.amount),
-                             currency=str(refund.currency), idempotency_key=ctx.idempotency_key,
-                             undoes=intent.id))
+        self.record_refund(refund, intent.id, ctx)
         self.log(f"undo:charge:{intent.id}")
         return f"refunded {refund.id}: {refund.amount} {refund.currency}"
+
+    @staticmethod
+    def record_refund(refund: Any, intent_id: str, ctx: ExceptionContext) -> None:
+        record_effect(Effect("stripe", "refund", refund.id, amount=int(refund.amount),
+                             currency=str(refund.currency), idempotency_key=ctx.idempotency_key,
+                             undoes=intent_id))
 
     def find_charge(self, ctx: ExceptionContext) -> Any | None:
         """The succeeded PaymentIntent the run's call made, found by its metadata among the
@@ -351,6 +370,17 @@ class Travel:
                              undoes=confirmation))
         self.log(f"undo:mail:{confirmation}")
         return f"apologised with {apology} in reply to {confirmation}"
+
+
+def charge_key(run: str, call_id: str) -> str:
+    """The idempotency key of a ``charge_card`` call: its Stripe request's and its effect's."""
+    return f"stateguard:{run}:charge_card:{call_id}"
+
+
+def record_charge(intent: Any, key: str) -> None:
+    """The ledger's record of a charge, by its PaymentIntent (once, however often found)."""
+    record_effect(Effect("stripe", "charge", intent.id, amount=int(intent.amount),
+                         currency=str(intent.currency), idempotency_key=key))
 
 
 def reservation_of(run: str, call_id: str) -> str:

@@ -1,7 +1,16 @@
-"""R1/R2 (issue 10): checkouts on Celery workers SIGKILLed at random, counted from Stripe's side.
+"""R1/R2 (issue 10): checkouts on Celery workers SIGKILLed at random, counted from Stripe's side;
+and the same for the agents whose effects are servers, e-mails and files (issue 21).
 
     .venv/bin/python bench/r1_chaos.py [--runs 200] [--seed 1]                         # R1
     .venv/bin/python bench/r1_chaos.py --refund-failures 0.3 [--refund-failure-mode lost]  # R2
+    .venv/bin/python bench/r1_chaos.py --agent provision|travel|cleanup|mix --runs 60
+
+With ``--agent`` other than ``checkout``, it also starts that agent's stand-ins (moto's server
+behind a relay adding ``--world-latency`` to each AWS call, or an SMTP server answering that
+late) and counts, after the runs, from those providers' side: ``bench/chaos_world.py`` says
+what (leaked instances, addresses, groups and records by their run's tag; e-mails per run at
+the SMTP server's folder; objects left deleted; and ``reconcile_effects``' drift). ``mix``
+submits the three in turn, on the same workers and stand-ins.
 
 Everything it uses is its own, started here and stopped at the end: localstripe (in memory,
 ``tools/localstripe_server.py``) behind a relay, the PostgreSQL database ``stateguard_chaos``
@@ -63,7 +72,7 @@ os.environ.update(DATABASE_URL=DB_URL, REDIS_URL=REDIS_URL, DEBUG="false",
                   STATEGUARD_ENV_FILE="", STRIPE_API_KEY=STRIPE_KEY)
 sys.path.insert(0, str(ROOT))
 
-from bench import databases  # noqa: E402
+from bench import chaos_world, databases  # noqa: E402
 from bench.fault_relay import FaultRelay, share_of  # noqa: E402
 from bench.procs import Worker, start_localstripe, stop  # noqa: E402
 
@@ -98,6 +107,9 @@ def parse_range(text: str) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--agent", choices=["checkout", *chaos_world.AGENTS, chaos_world.MIX],
+                        default="checkout",
+                        help="the agent whose runs it submits (mix: the other three in turn)")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=1.0, help="submissions per second")
@@ -110,6 +122,9 @@ def main() -> None:
                         help="share of kills that hit one pool process, not the whole worker")
     parser.add_argument("--stripe-latency", type=float, default=0.2,
                         help="seconds the relay adds to each Stripe call")
+    parser.add_argument("--world-latency", type=float, default=0.2,
+                        help="seconds moto's relay adds to each AWS call, or the SMTP server "
+                             "waits before its 250 (provision, cleanup, travel)")
     parser.add_argument("--chaos", type=float, default=30.0,
                         help="seconds of kills after the last submission")
     parser.add_argument("--deadline", type=float, default=600.0,
@@ -137,7 +152,16 @@ def main() -> None:
         env_extra.update(zip(("STATEGUARD_LEASE_SECONDS", "STATEGUARD_LEASE_RENEW_SECONDS",
                               "STATEGUARD_SWEEP_SECONDS"), args.lease.split(","), strict=True))
     if args.on_crash:
-        env_extra["STATEGUARD_ON_CRASH"] = f"checkout={args.on_crash}"
+        env_extra["STATEGUARD_ON_CRASH"] = ",".join(
+            f"{a}={args.on_crash}" for a in chaos_world.agents_of(args.agent))
+    # The providers first: this process submits the runs and counts with the workers'
+    # settings (the travel agent wants its mail server to build).
+    ls_proc, ls_url = start_localstripe(log_dir)
+    relay = ChaosRelay(ls_url, args.refund_failures, args.refund_failure_mode, relay_rng,
+                       args.stripe_latency)
+    world = chaos_world.start(args.agent, log_dir, args.world_latency)
+    env_extra.update(world.env, STRIPE_API_BASE=relay.url,
+                     STATEGUARD_SANDBOX_DIR=str(log_dir / "sandbox"))
     os.environ.update(env_extra)
 
     databases.recreate(DB_NAME)
@@ -149,10 +173,7 @@ def main() -> None:
     from django.conf import settings
 
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
-    ls_proc, ls_url = start_localstripe(log_dir)
-    relay = ChaosRelay(ls_url, args.refund_failures, args.refund_failure_mode, relay_rng,
-                       args.stripe_latency)
-    env = {**os.environ, "STRIPE_API_BASE": relay.url}
+    env = dict(os.environ)
     beat = Worker("beat", [sys.executable, "-m", "celery", "-A", "stateguard_web", "beat",
                            "-l", "info", "-s", str(log_dir / "beat-schedule")], env, log_dir)
     workers = [Worker(f"w{i + 1}", [
@@ -160,16 +181,22 @@ def main() -> None:
         "-c", str(args.concurrency), "-n", f"chaos-w{i + 1}@%h", "--without-mingle",
         "--without-gossip"], env, log_dir) for i in range(args.workers)]
     try:
-        report = chaos(args, rng, beat, workers)
-        for w in [*workers, beat]:  # nothing moves while Stripe is counted
+        report = chaos(args, rng, beat, workers, world)
+        for w in [*workers, beat]:  # nothing moves while the providers are counted
             w.stop()
+        codes, agents = report.pop("codes"), report.pop("agents")
         report.update(count(stripe.StripeClient(STRIPE_KEY, base_addresses={"api": ls_url}),
-                            report.pop("codes"), report["kill log"], relay.counts))
+                            codes, report["kill log"], relay.counts, agents))
+        if args.agent != "checkout":
+            world_found = chaos_world.count(world, codes, agents)
+            report["problems"].update(world_found.pop("problems"))
+            report["world"] = world_found
         report["log errors"] = log_errors(log_dir)
     finally:  # also on Ctrl-C: nothing of ours is left running
         for w in [*workers, beat]:
             w.stop()
         relay.close()
+        world.close()
         stop(ls_proc)
     (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     bad = print_report(report)
@@ -182,8 +209,8 @@ def _terminated(*_: Any) -> None:
     sys.exit(143)
 
 
-def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: list[Worker]
-          ) -> dict[str, Any]:
+def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: list[Worker],
+          world: chaos_world.World) -> dict[str, Any]:
     """Start beat and the workers, submit the runs under kills and wait for them to end."""
     from django.conf import settings
 
@@ -193,16 +220,21 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
     kill_every, restart_after = parse_range(args.kill_every), parse_range(args.restart_after)
     lease = (settings.STATEGUARD_LEASE_SECONDS, settings.STATEGUARD_LEASE_RENEW_SECONDS,
              settings.STATEGUARD_SWEEP_SECONDS)
-    print(f"chaos: {args.runs} runs, seed {args.seed}, {args.workers} workers x "
+    print(f"chaos: {args.runs} {args.agent} runs, seed {args.seed}, {args.workers} workers x "
           f"{args.concurrency}, lease/renew/sweep {lease} s, kill every {kill_every} s, "
           f"Stripe +{args.stripe_latency:.2f} s a call, refund failures "
           f"{args.refund_failures:.0%} ({args.refund_failure_mode}); "
           f"logs in {beat.log_dir}", flush=True)
 
-    failing = set(rng.sample(range(args.runs), args.runs // 2))
-    inputs = [{"email": f"chaos-{i}@example.com", "amount": rng.randint(1_00, 100_00),
-               "fail_booking": i in failing} for i in range(args.runs)]
+    if args.agent == "checkout":
+        failing = set(rng.sample(range(args.runs), args.runs // 2))
+        inputs = [("checkout", {"email": f"chaos-{i}@example.com",
+                                "amount": rng.randint(1_00, 100_00), "fail_booking": i in failing})
+                  for i in range(args.runs)]
+    else:
+        inputs = chaos_world.inputs(args.agent, args.runs, rng, world)
     codes: dict[str, dict[str, Any]] = {}  # run code -> its input
+    agents: dict[str, str] = {}  # run code -> its agent
     kills: list[Kill] = []
     beat.start()
     for w in workers:
@@ -214,8 +246,9 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
     while True:
         now = time.monotonic()
         while len(codes) < args.runs and start + len(codes) / args.rate <= now:
-            run = services.run_submit(agent="checkout", input=inputs[len(codes)])
-            codes[str(run.code)] = inputs[len(codes)]
+            agent, run_input = inputs[len(codes)]
+            run = services.run_submit(agent=agent, input=run_input)
+            codes[str(run.code)], agents[str(run.code)] = run_input, agent
         if chaos_end is None and len(codes) == args.runs:
             chaos_end = now + args.chaos
         restart(workers, now)
@@ -250,7 +283,7 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
     print(f"submitted {len(codes)} runs, {len(kills)} kills in {chaos_took:.0f} s; waiting "
           f"for every run to end (at most {args.deadline:.0f} s)", flush=True)
     settle(list(codes), workers, start, args.deadline)
-    return {"seed": args.seed, "runs": args.runs, "workers": args.workers,
+    return {"agent": args.agent, "seed": args.seed, "runs": args.runs, "workers": args.workers,
             "concurrency": args.concurrency, "lease": lease,
             "on_crash": args.on_crash or "unwind", "refund_failures": args.refund_failures,
             "mode": args.refund_failure_mode, "stripe_latency": args.stripe_latency,
@@ -258,7 +291,7 @@ def chaos(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: l
             "total_seconds": round(time.monotonic() - start),
             "starts": {w.name: w.starts for w in workers},
             "exits not ours": {w.name: w.exits for w in [*workers, beat] if w.exits},
-            "codes": codes, "kill log": kills}
+            "codes": codes, "agents": agents, "kill log": kills}
 
 
 def settle(codes: list[str], workers: list[Worker], start: float, deadline: float,
@@ -305,9 +338,22 @@ def log_errors(log_dir: Path) -> dict[str, int]:
     return dict(found.most_common(20))
 
 
+# The step that charges, per agent that charges (travel's tool calls are steps named by tool).
+CHARGE_NODE = {"checkout": "charge_user", "travel": "charge_card"}
+
+
 def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
-          relay: Counter[str]) -> dict[str, Any]:
-    """What Stripe holds, per run, against what the journal says of the run."""
+          relay: Counter[str], agents: dict[str, str] | None = None) -> dict[str, Any]:
+    """What Stripe holds, per run, against what the journal says of the run (the Stripe
+    counts for the agents that charge only); ``agents``: each run's (default checkout)."""
+    agent_of = (agents or {}).get
+    several = len(set((agents or {}).values())) > 1
+
+    def planned(code: str) -> str:
+        agent = agent_of(code, "checkout")
+        said = f"{agent} " if several else ""
+        return f"{said}{'set to fail' if chaos_world.failing(agent, codes[code]) else 'ok'}"
+
     from stateguard_web.sagas.models import AuditEvent, Compensation, Effect, Run
 
     intents = list(client.v1.payment_intents.list(params={"limit": 100}).auto_paging_iter())
@@ -356,9 +402,10 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
     for code, run in runs.items():
         if run.status not in DONE:
             problems["runs not finished"].append(f"{code} {run.status}")
-        if run.status == "succeeded" and not by_run.get(code):
+        agent = agent_of(code, "checkout")
+        if run.status == "succeeded" and not by_run.get(code) and agent in CHARGE_NODE:
             problems["succeeded runs without a charge"].append(code)
-        if run.status == "succeeded" and codes[code]["fail_booking"]:
+        if run.status == "succeeded" and chaos_world.failing(agent, codes[code]):
             problems["failed bookings that succeeded"].append(code)
     if stray:
         problems["charges naming no run of this batch"] = stray
@@ -384,7 +431,8 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
         label = "injected refund failures" if why and injected else "NOT the relay's"
         crashed = ", recovered after a crash" if code in recovered else ""
         attention[f"[{label}{crashed}] " + ("; ".join(why) or "no failed compensation")] += 1
-    ledger = {(e.kind, e.external_id): e for e in Effect.objects.filter(run__code__in=list(codes))}
+    ledger = {(e.kind, e.external_id): e for e in Effect.objects.filter(
+        run__code__in=list(codes), provider="stripe")}
     for ch_id, code in charge_run.items():
         pi_id = intent_of[ch_id]
         effect = ledger.get(("charge", pi_id))
@@ -424,8 +472,10 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
         if run.status == "succeeded" and statuses:
             problems["journal: succeeded runs with a compensation"].append(code)
     for step in Step.objects.filter(run__code__in=list(codes),
-                                    node="charge_user").select_related("run"):
+                                    node__in=CHARGE_NODE.values()).select_related("run"):
         code = str(step.run.code)
+        if step.node != CHARGE_NODE.get(agent_of(code, "checkout")):
+            continue
         if runs[code].status in ("compensated", "needs_attention") and not any(
                 c.step_id == step.pk for c in comps_of[code]):
             problems["journal: charge steps of unwound runs not compensated"].append(
@@ -441,10 +491,9 @@ def count(client: Any, codes: dict[str, dict[str, Any]], kills: list[Kill],
             str(a.result).split(" ")[0].strip("'\"") if a.ok else (a.error or {}).get("type", "?")
             for a in sorted(c.attempts.all(), key=lambda a: a.number)) + "]"
             for c in Compensation.objects.filter(run=runs[code]).prefetch_related("attempts")]
-        after_crash[f"{'fail_booking' if codes[code]['fail_booking'] else 'ok'} -> "
+        after_crash[f"{planned(code)} -> "
                     f"{runs[code].status}: {'; '.join(comps) or 'no compensation'}"] += 1
-    outcomes = Counter(f"{'fail_booking' if codes[c]['fail_booking'] else 'ok'} -> {r.status}"
-                       for c, r in runs.items())
+    outcomes = Counter(f"{planned(c)} -> {r.status}" for c, r in runs.items())
     return {
         "outcomes": dict(sorted(outcomes.items())),
         "stripe": {"payment intents": len(intents), "charges": len(charges),
@@ -478,7 +527,7 @@ MUST_BE_ZERO = ("orphan charges", "double refunds", "refunds of succeeded runs",
 
 
 def print_report(report: dict[str, Any]) -> bool:
-    print(f"\n{report['runs']} runs, seed {report['seed']}, refund failures "
+    print(f"\n{report['runs']} {report['agent']} runs, seed {report['seed']}, refund failures "
           f"{report['refund_failures']:.0%} ({report['mode']}), on_crash {report['on_crash']}: "
           f"{report['chaos_seconds']} s of chaos, {report['total_seconds']} s in all")
     if report["exits not ours"]:
@@ -497,12 +546,21 @@ def print_report(report: dict[str, Any]) -> bool:
     bad = bool(report["exits not ours"])
     print("seconds from submission to the end, p50 p95 max: "
           f"{report['seconds from submission to the end, p50 p95 max']}")
+    world = report.get("world", {})
+    for what, figures in world.items():
+        print(f"{what}: {figures}")
     print("counts from Stripe, then the ledger and the journal against it (target 0):")
-    for name in MUST_BE_ZERO:
+    held_name = "charges held for an operator (run needs_attention)"
+    names = [*MUST_BE_ZERO, *chaos_world.MUST_BE_ZERO.get(report["agent"], ())]
+    if report["agent"] != "checkout":
+        print(f"  (the last {len(chaos_world.MUST_BE_ZERO[report['agent']])} from "
+              f"{report['agent']}'s providers: bench/chaos_world.py)")
+    names += sorted(set(problems) - set(names) - {held_name})  # a count no list names
+    for name in names:
         found = problems.get(name, [])
         bad = bad or bool(found)
         print(f"  {name:55} {len(found)}" + "".join(f"\n      {x}" for x in found[:10]))
-    held = problems.get("charges held for an operator (run needs_attention)", [])
+    held = problems.get(held_name, [])
     print(f"  {'charges held for an operator':55} {len(held)}  (runs needs_attention)")
     print(f"error lines in the logs: {sum(report['log errors'].values())}" + "".join(
         f"\n  {n} x {line}" for line, n in report["log errors"].items()))

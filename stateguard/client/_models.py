@@ -149,6 +149,8 @@ class Effect:
     amount: int | None
     currency: str
     status: str  # applied, partially_compensated, compensated
+    # What the ledger can vouch for: the status, "undoes", or "in_doubt" (docs/api.md).
+    state: str
     undoes: str | None
     node: str
     recorded_at: datetime
@@ -158,6 +160,8 @@ class Effect:
         return cls(provider=data["provider"], kind=data["kind"],
                    external_id=data["external_id"], amount=data.get("amount"),
                    currency=data.get("currency", ""), status=data["status"],
+                   # A server from before the field says the status alone.
+                   state=data.get("state", data["status"]),
                    undoes=data.get("undoes"), node=data["node"],
                    recorded_at=_time(data["recorded_at"]))
 

@@ -315,9 +315,16 @@ class EffectOut(Out):
     amount: int | None = Field(description="in the currency's smallest unit (cents)")
     currency: str
     status: EffectStatus
+    state: Literal["applied", "partially_compensated", "compensated", "undoes", "in_doubt"] = (
+        Field(description="what the ledger can vouch for: `status`, or `undoes` for an effect "
+                          "that undid another, or `in_doubt` when the undo of the step that "
+                          "made it was tried and did not record undoing it (it failed, waits, "
+                          "runs, or found nothing): the provider may have it or not until "
+                          "`manage.py reconcile_effects` asks it"))
     undoes: str | None = Field(description="the external id of the effect this one undoes "
                                            "(a refund's charge)")
     node: str
+    step_id: str = Field(description="the step that made it, or whose undo made it")
     recorded_at: datetime
 
 

@@ -1,9 +1,12 @@
 """Admin refunds and the ledger: the journal stays read-only, money moves through services.
 
-* **Effect ledger** (Payments > effect ledger): every effect, by run, kind and status; a
-  "Refund" action on one charge, and "Verify with Stripe".
+* **Effect ledger** (Payments > effect ledger): every effect, by run, kind and status, with
+  what the ledger can vouch for (its state: ``in doubt`` where the undo of its step was tried
+  and did not record undoing it; ``payments.ledger``); a "Refund" action on one charge, and
+  "Verify with Stripe".
 * **Runs** (the journal's admin, extended here so that sagas never imports payments): the
-  run's effects inline, a "Refund" action (all its charges) and "Verify with Stripe".
+  run's effects inline (with their state), a "Refund" action (all its charges) and "Verify
+  with Stripe".
 
 Both refunds go through a confirmation page (``<object>/refund/``) that shows each charge as
 Stripe and the ledger see it now, and posts a ``RefundForm``: ``confirmation.refund_confirm``,
@@ -19,7 +22,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -32,14 +35,30 @@ from stateguard_web.payments import reconcile_stripe, selectors
 from stateguard_web.payments import stripe_client as stripe_module
 from stateguard_web.payments.confirmation import refund_confirm
 from stateguard_web.payments.drift import ReconcileError
+from stateguard_web.payments.ledger import effect_state
 from stateguard_web.payments.models import LedgerEffect
 from stateguard_web.sagas import admin as sagas_admin
-from stateguard_web.sagas.models import Effect, Run
+from stateguard_web.sagas.models import Compensation, Effect, Run
 
 MAX_DRIFT_MESSAGES = 30  # lines shown by "Verify with Stripe"; the command prints them all
 
 EFFECT_FIELDS = ("run", "kind", "provider", "external_id", "amount", "currency", "status",
-                 "undoes", "node", "step_id", "idempotency_key", "recorded_at")
+                 "state", "undoes", "node", "step_id", "idempotency_key", "recorded_at")
+
+
+def with_undo_status(effects: QuerySet[Any]) -> QuerySet[Any]:
+    """``effects`` with ``undo_status``: the status of the compensation of the step that made
+    each (``None``: none), in the same query."""
+    return effects.annotate(undo_status=Subquery(Compensation.objects.filter(
+        run_id=OuterRef("run_id"), step__step_id=OuterRef("step_id")).values("status")[:1]))
+
+
+class LedgerState:
+    """The ledger's word for an effect (``payments.ledger.effect_state``), as a column."""
+
+    @admin.display(description="state")
+    def state(self, obj: Effect) -> str:
+        return effect_state(obj, getattr(obj, "undo_status", None)).replace("_", " ")
 
 
 def _may_refund(request: HttpRequest) -> bool:
@@ -102,11 +121,14 @@ def _object(queryset: QuerySet[Any], object_id: str) -> Any:
     return found
 
 
-class EffectInline(sagas_admin.ReadOnlyInline):
+class EffectInline(LedgerState, sagas_admin.ReadOnlyInline):
     model = LedgerEffect
-    fields = ("kind", "external_id", "amount", "currency", "status", "undoes", "node",
+    fields = ("kind", "external_id", "amount", "currency", "status", "state", "undoes", "node",
               "recorded_at")
     verbose_name_plural = "effects (the ledger)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return with_undo_status(super().get_queryset(request))
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return access.reads_all_runs(request.user)
@@ -119,9 +141,9 @@ class EffectInline(sagas_admin.ReadOnlyInline):
 
 
 @admin.register(LedgerEffect)
-class LedgerEffectAdmin(RefundActions, sagas_admin.ReadOnlyAdmin):
-    list_display = ("external_id", "kind", "amount_shown", "status", "run_link", "node",
-                    "undoes", "recorded_at")
+class LedgerEffectAdmin(RefundActions, LedgerState, sagas_admin.ReadOnlyAdmin):
+    list_display = ("external_id", "kind", "amount_shown", "status", "state", "run_link",
+                    "node", "undoes", "recorded_at")
     list_filter = ("kind", "status", "provider")
     search_fields = ("external_id", "undoes")
     list_select_related = ("run",)
@@ -137,6 +159,9 @@ class LedgerEffectAdmin(RefundActions, sagas_admin.ReadOnlyAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return access.reads_all_runs(request.user)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return with_undo_status(super().get_queryset(request))
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None
                        ) -> bool:

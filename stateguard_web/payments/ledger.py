@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from stateguard_web.sagas.models import Compensation, Effect
 
-__all__ = ["IN_DOUBT", "UNDOES", "LedgerRow", "effect_state", "ledger_rows"]
+__all__ = ["IN_DOUBT", "UNDOES", "LedgerRow", "effect_state", "ledger_rows", "state_of"]
 
 IN_DOUBT = "in_doubt"
 UNDOES = "undoes"
@@ -40,14 +40,20 @@ class LedgerRow:
 def effect_state(effect: Effect, compensation: str | None) -> str:
     """What the ledger says of ``effect``, given the status of the compensation of the step that
     made it (``None``: it has none, or none ran)."""
-    if effect.undoes:
+    return state_of(str(effect.status), effect.undoes, compensation)
+
+
+def state_of(status: str, undoes: str | None, compensation: str | None) -> str:
+    """``effect_state`` of an effect read as data (the API's rows): its journal ``status``,
+    what it ``undoes`` (``""`` or ``None``: nothing) and its step's compensation's status."""
+    if undoes:
         return UNDOES
-    if effect.status == Effect.Status.COMPENSATED:
-        return str(effect.status)
+    if status == Effect.Status.COMPENSATED:
+        return status
     # Skipped (in doubt, not safe to run): the undo was never tried, so the effect stands.
     if compensation is not None and compensation != Compensation.Status.SKIPPED_IN_DOUBT:
         return IN_DOUBT
-    return str(effect.status)
+    return status
 
 
 def ledger_rows(effects: Iterable[Effect], compensations: Iterable[Compensation]

@@ -197,7 +197,7 @@ _ATTEMPT = ("number", "ok", "started_at", "finished_at", "result", "error")
 _COMPENSATION = ("id", "node", "step_id", "status", "triggered_by", "idempotency_key",
                  "retry_at", "created_at", "updated_at")
 _EFFECT = ("provider", "kind", "external_id", "amount", "currency", "status", "undoes", "node",
-           "recorded_at")
+           "step_id", "recorded_at")
 _APPROVAL = ("id", "node", "step_id", "payload", "status", "decided_by", "reason",
              "requested_at", "decided_at")
 _AUDIT = ("created_at", "actor", "action", "data")

@@ -190,6 +190,20 @@ def test_it_decides_the_runs_one_pending_approval_when_none_is_named() -> None:
         Recorder(httpx.Response(200, json=detail_json("running"))).client().approve(CODE)
 
 
+def test_it_reads_what_the_ledger_can_vouch_for_of_each_effect() -> None:
+    charge = {"provider": "stripe", "kind": "charge", "external_id": "pi_1", "amount": 4200,
+              "currency": "usd", "status": "applied", "state": "in_doubt", "undoes": None,
+              "node": "charge_user", "step_id": "t1", "recorded_at": "2026-05-01T12:00:00Z"}
+    older = {k: v for k, v in charge.items() if k not in ("state", "step_id")}
+    calls = Recorder(httpx.Response(200, json=detail_json("needs_attention",
+                                                          effects=[charge, older])))
+
+    run = calls.client().get(CODE)
+
+    assert [(e.status, e.state) for e in run.effects] == [("applied", "in_doubt"),
+                                                          ("applied", "applied")]
+
+
 def cut_after(body: bytes) -> Iterator[bytes]:
     yield body
     raise httpx.ReadError("connection reset")

@@ -23,13 +23,14 @@ class RunDetailEffectsTests(World):
 
         assert response.status_code == 200
         effects = response.json()["effects"]
+        # The step's compensation failed: the ledger cannot vouch for the rest of the charge.
         assert [{k: v for k, v in e.items() if k != "recorded_at"} for e in effects] == [
             {"provider": "stripe", "kind": "charge", "external_id": "pi_1", "amount": 500,
-             "currency": "usd", "status": "partially_compensated", "undoes": None,
-             "node": "charge_user"},
+             "currency": "usd", "status": "partially_compensated", "state": "in_doubt",
+             "undoes": None, "node": "charge_user", "step_id": "t-charge-2"},
             {"provider": "stripe", "kind": "refund", "external_id": "re_1", "amount": 200,
-             "currency": "usd", "status": "compensated", "undoes": "pi_1",
-             "node": "charge_user"}]
+             "currency": "usd", "status": "compensated", "state": "undoes", "undoes": "pi_1",
+             "node": "charge_user", "step_id": "t-charge-2"}]
         assert all(e["recorded_at"] <= timezone.now().isoformat() for e in effects)
 
     def test_a_run_without_effects_has_an_empty_list(self) -> None:
@@ -40,5 +41,7 @@ class RunDetailEffectsTests(World):
         schema = self.call("root", "GET", "/api/openapi.json").json()
         effect = schema["components"]["schemas"]["EffectOut"]
         assert set(effect["required"]) >= {"kind", "external_id", "amount", "currency",
-                                           "status", "undoes"}
+                                           "status", "state", "undoes", "step_id"}
+        assert effect["properties"]["state"]["enum"] == [
+            "applied", "partially_compensated", "compensated", "undoes", "in_doubt"]
         assert "effects" in schema["components"]["schemas"]["RunDetailOut"]["required"]
