@@ -190,7 +190,10 @@ def test_it_keeps_its_database_connections_between_runs_and_replaces_dropped_one
     before = backends()
     for i in (2, 3, 4):
         last = run_one(f"conn-{i}")
-    assert before and backends() == before  # the same connection, not one per run
+    # The same connections, not one per run: none replaced, and no new one per run (a
+    # connection a process opens lazily, its first heartbeat's say, may join under load).
+    now = backends()
+    assert before and before <= now and len(now - before) < 3, (before, now)
 
     with connection.cursor() as cursor:  # what a database restart does to the worker
         cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
