@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import cache
@@ -12,8 +12,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Q, QuerySet, TextField
-from django.db.models.functions import Cast
+from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet, TextField
+from django.db.models.functions import Cast, Coalesce
 
 from stateguard import kinds, rewind
 from stateguard.exceptions import InvalidRunState
@@ -131,22 +131,26 @@ _CODE_PREFIX = re.compile(r"[0-9a-fA-F-]{4,36}")
 NO_INCIDENT_KEY = "-"
 
 
-def run_list(*, runs: QuerySet[Run], status: str | None = None, agent: str | None = None,
-             q: str | None = None, created_after: datetime | None = None,
-             created_before: datetime | None = None, node: str | None = None,
-             what: str | None = None, step: str | None = None,
-             error_type: str | None = None) -> QuerySet[Run]:
-    """``runs`` filtered, newest first. ``q`` matches the start of the run id or any text in
-    the input (case-insensitive). ``node`` (and ``what``, a key of ``agent_map.STOPS``): the
-    runs that stand or stopped there, as an agent's map counts them. ``step`` and
-    ``error_type``: where the run last failed and with what (an Incidents group's runs;
-    ``NO_INCIDENT_KEY`` for none on record). Status and agent are served by the
-    (status|agent, -created_at) indexes, the dates by (-created_at), ``node`` by the status
-    index and ``sagas_step_stopped``, a failed or needs-attention run's step and error type by
-    ``sagas_run_incidents``; ``q`` on the input scans the runs the other filters leave (no
-    text index: see docs/api.md)."""
+def run_list(*, runs: QuerySet[Run], status: str | Sequence[str] | None = None,
+             agent: str | None = None, q: str | None = None,
+             created_after: datetime | None = None, created_before: datetime | None = None,
+             node: str | None = None, what: str | None = None, step: str | None = None,
+             error_type: str | None = None, sort: str = "-created") -> QuerySet[Run]:
+    """``runs`` filtered, in the order ``sort`` names (``run_order``: newest first by
+    default). ``status``: one, or any of several. ``q`` matches the start of the run id or
+    any text in the input (case-insensitive). ``node`` (and ``what``, a key of
+    ``agent_map.STOPS``): the runs that stand or stopped there, as an agent's map counts
+    them. ``step`` and ``error_type``: where the run last failed and with what (an
+    Incidents group's runs; ``NO_INCIDENT_KEY`` for none on record). Status and agent are
+    served by the (status|agent, -created_at) indexes, the dates by (-created_at), ``node``
+    by the status index and ``sagas_step_stopped``, a failed or needs-attention run's step
+    and error type by ``sagas_run_incidents``; ``q`` on the input scans the runs the other
+    filters leave (no text index: see docs/api.md). Each run comes with its
+    ``run_duration`` as ``duration``."""
+    if isinstance(status, str):
+        status = [status]
     if status:
-        runs = runs.filter(status=status)
+        runs = runs.filter(status__in=sorted(set(status)))
     if agent:
         runs = runs.filter(agent=agent)
     if node:
@@ -164,7 +168,53 @@ def run_list(*, runs: QuerySet[Run], status: str | None = None, agent: str | Non
         if _CODE_PREFIX.fullmatch(q):
             matches |= Q(code__istartswith=q)
         runs = runs.alias(input_text=Cast("input", TextField())).filter(matches)
-    return runs.select_related("submitted_by").order_by("-created_at", "-pk")
+    return run_order(runs.select_related("submitted_by").annotate(duration=run_duration()),
+                     sort)
+
+
+# What each of the list's orders sorts by, smallest first, ties newest first; "-x" is the
+# exact reverse of "x", so that each is one index read forwards or backwards:
+# (-created_at) for created, (agent, -created_at) and (status, -created_at) for agent and
+# status (an incremental sort on the id breaks ties of one instant). Updated and duration
+# have none: see ``run_order``. No NULLS FIRST/LAST of their own on these: the indexes' are
+# the defaults, and another would make PostgreSQL sort instead of reading the index.
+_ORDERS = {
+    "created": ("created_at", "pk"),
+    "updated": ("updated_at", "pk"),
+    "agent": ("agent", "-created_at", "-pk"),
+    "status": ("status", "-created_at", "-pk"),
+}
+
+
+def run_duration() -> Any:
+    """A run's duration as the list shows and sorts it: from when a worker took it up to its
+    outcome, or, before one (running, failed), to its last change. NULL for a run no worker
+    took yet."""
+    return ExpressionWrapper(Coalesce(F("finished_at"), F("updated_at")) - F("started_at"),
+                             output_field=DurationField())
+
+
+def run_order(runs: QuerySet[Run], sort: str) -> QuerySet[Run]:
+    """``runs`` (annotated with their ``run_duration`` as ``duration``) in the list's order
+    ``sort`` (``filters.SORTS``); ``ValueError`` for another.
+
+    ``updated`` and ``duration`` are not on an index of their own: every journal write sets
+    ``updated_at``, and an index on it (or on an expression of it) would take the run's row
+    out of its HOT updates (migration 0005), each write then adding an entry to each of the
+    table's ten indexes. Sorted by them, the list reads the runs its other filters leave and
+    keeps the top of them (a top-N heapsort: docs/benchmarks.md, the runs list)."""
+    column, descending = sort.removeprefix("-"), sort.startswith("-")
+    if column == "duration":  # the runs no worker took yet last, either way
+        duration = F("duration")
+        return runs.order_by(
+            duration.desc(nulls_last=True) if descending else duration.asc(nulls_last=True),
+            "-pk" if descending else "pk")
+    if column not in _ORDERS:
+        raise ValueError(f"no order {sort!r}")
+    fields = _ORDERS[column]
+    if descending:
+        fields = tuple(f.removeprefix("-") if f.startswith("-") else f"-{f}" for f in fields)
+    return runs.order_by(*fields)
 
 
 def approval_get(*, run: Run, pk: int) -> Approval:
