@@ -39,6 +39,7 @@ RANGE_CHOICES = [("", "any time"), ("1h", "in the last hour"), ("24h", "in the l
 # these, and nothing else.
 PARAMETERS = ("status", "agent", "q", "range", "after", "before", "tz", "created_after",
               "created_before", "node", "what", "step", "error_type", "sort")
+_CUSTOM = frozenset({"after", "before", "tz"})
 
 
 class RunFilterForm(forms.Form):
@@ -135,11 +136,14 @@ def _start_of(day: date, zone: tzinfo) -> datetime:
 
 def kept(query: QueryDict) -> str:
     """``query`` (a ``QueryDict``) as a saved view keeps it: the list's parameters alone, in
-    their order, empty ones left out."""
+    their order, empty ones left out, and the days of a custom range only with one."""
     from django.http import QueryDict
 
     out = QueryDict(mutable=True)
+    custom = query.get("range") == "custom"
     for name in PARAMETERS:
+        if name in _CUSTOM and not custom:  # the page's script fills tz in on every page
+            continue
         values = [v for v in query.getlist(name) if v]
         if values:
             out.setlist(name, values)

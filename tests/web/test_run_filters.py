@@ -70,3 +70,7 @@ def test_a_saved_view_keeps_the_lists_parameters_only() -> None:
     query = QueryDict("status=failed&status=paused&page=3&csrfmiddlewaretoken=x&agent="
                       "&sort=agent&colour=red&q=a%26b")
     assert kept(query) == "status=failed&status=paused&q=a%26b&sort=agent"
+    # The days and time zone of a "between…" range only with one.
+    assert kept(QueryDict("range=24h&tz=Europe/Paris&after=2026-01-01")) == "range=24h"
+    assert kept(QueryDict("range=custom&tz=Europe/Paris&after=2026-01-01")) == (
+        "range=custom&after=2026-01-01&tz=Europe%2FParis")
