@@ -103,8 +103,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "unnarrowed": unnarrowed.urlencode(),
         # Batches (dashboard/batches.py): tick runs, or take every run of this filter.
         "can_operate": access.may(request.user, Ability.OPERATE),
-        "filter_params": [(k, v) for k, values in query.lists() for v in values
-                          if k != "sort"],
+        "filter_params": [(k, v) for k, values in query.lists() for v in values],
         "batch_actions": Batch.Action.choices,
         "saved_views": account_selectors.saved_views(user=request.user),
         "kept": kept(query), "export_limit": settings.STATEGUARD_RUNS_CSV_MAX_ROWS,

@@ -9,7 +9,9 @@ import re
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.test import Client, TestCase, override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from stateguard_web.accounts.models import SavedView
@@ -113,6 +115,20 @@ class SortTests(Timed):
         assert '<td class="col-duration">1 min 0 s</td>' in html
         # The filter form and the pager keep the order.
         assert '<input type="hidden" name="sort" value="-duration">' in html
+
+    def test_its_queries_do_not_grow_with_its_rows_in_any_order(self) -> None:
+        """The submitters are read after the sort, for the page's rows only: one query, however
+        many people submitted them (``selectors.run_list``)."""
+        client = self.client_for("vera")
+        for sort in ("-updated", "agent"):
+            with self.subTest(sort=sort), CaptureQueriesContext(connection) as before:
+                client.get("/", {"sort": sort})
+            for i in range(3):
+                Run.objects.create(agent="checkout", input={},
+                                   submitted_by=make_user(f"shop-{sort}-{i}", "submitter"))
+            with self.subTest(sort=sort), CaptureQueriesContext(connection) as after:
+                html = client.get("/", {"sort": sort}).content.decode()
+            assert len(after) == len(before) and f"shop-{sort}-2" in html
 
     def test_it_shows_a_bad_order_and_lists_newest_first(self) -> None:
         response = self.client_for("vera").get("/", {"sort": "colour"})
