@@ -214,11 +214,9 @@ class RunFilter(RunFilters):
     """GET /api/runs's query: the dashboard's runs list's and its CSV export's too
     (``runs.filters``, which reads it for all three)."""
 
-    # Several here, one in a batch's filter. Checked by runs.filters, whose error names the
-    # parameter (ninja's for a list would be at ["query", "filters", "status", 0]).
-    status: list[str] | None = Field(  # type: ignore[assignment]
-        None, description="any of these statuses: `?status=failed&status=needs_attention` ("
-                          + ", ".join(RunStatus) + ")")
+    # Several here, one in a batch's filter.
+    status: list[RunStatus] | None = Field(  # type: ignore[assignment]
+        None, description="any of these: `?status=failed&status=needs_attention`")
     sort: RunSort = Field("-created", description="the order: a column, `-` first for the "
                                                    "largest (newest, longest) first; ties "
                                                    "newest first")
