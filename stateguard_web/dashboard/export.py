@@ -37,6 +37,7 @@ from stateguard_web.sagas.models import Run
 CHUNK = 500
 HEADER = ("run", "status", "agent", "created_at", "updated_at", "started_at", "finished_at",
           "duration_seconds", "submitted_by", "failed_at", "error_type", "input")
+STARTED, DURATION = HEADER.index("started_at"), HEADER.index("duration_seconds")
 # A cell a spreadsheet would take for a formula ("=HYPERLINK(...)" in an agent's input):
 # written with a leading apostrophe, as OWASP's CSV injection advice has it.
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
@@ -65,7 +66,9 @@ def _lines(runs: QuerySet[Run], limit: int) -> Iterator[str]:
                             "error_type", "input")[:limit].iterator(chunk_size=CHUNK)
     while True:
         chunk = list(islice(rows, CHUNK))
-        writer.writerows([_cell(v) for v in row] for row in chunk)
+        # A run no worker took has no duration yet (run_duration says 0, to sort it).
+        writer.writerows([_cell(None if i == DURATION and row[STARTED] is None else v)
+                          for i, v in enumerate(row)] for row in chunk)
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()

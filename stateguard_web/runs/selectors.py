@@ -12,8 +12,8 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet, TextField
-from django.db.models.functions import Cast, Coalesce
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from stateguard import kinds, rewind
 from stateguard.exceptions import InvalidRunState
@@ -31,6 +31,7 @@ from stateguard_web.sagas.models import (
     Effect,
     Run,
     Step,
+    run_duration,
 )
 
 
@@ -168,50 +169,32 @@ def run_list(*, runs: QuerySet[Run], status: str | Sequence[str] | None = None,
         if _CODE_PREFIX.fullmatch(q):
             matches |= Q(code__istartswith=q)
         runs = runs.alias(input_text=Cast("input", TextField())).filter(matches)
-    # The submitters of the rows read, in a query of their own: joined, a sort with no index
-    # (updated, duration) joined every run to its user and carried the user's columns (a
-    # row 8 times as wide) through the sort, to keep 51 of them.
+    # The submitters of the rows read, in a query of their own: joined, wherever PostgreSQL
+    # sorts instead of reading an order's index (a search, a filter no index serves with the
+    # order), every run that matches was joined to its user and carried the user's columns
+    # (a row 8 times as wide) through the sort, to keep 51 of them.
     return run_order(runs.prefetch_related("submitted_by").annotate(duration=run_duration()),
                      sort)
 
 
 # What each of the list's orders sorts by, smallest first, ties newest first; "-x" is the
 # exact reverse of "x", so that each is one index read forwards or backwards:
-# (-created_at) for created, (agent, -created_at) and (status, -created_at) for agent and
-# status (an incremental sort on the id breaks ties of one instant). Updated and duration
-# have none: see ``run_order``. No NULLS FIRST/LAST of their own on these: the indexes' are
-# the defaults, and another would make PostgreSQL sort instead of reading the index.
+# (-created_at) for created, (-updated_at) for updated, (agent, -created_at) and
+# (status, -created_at) for agent and status (an incremental sort on the id breaks ties of
+# one instant), ``sagas_run_duration`` for duration (``run_duration``'s expression).
 _ORDERS = {
     "created": ("created_at", "pk"),
     "updated": ("updated_at", "pk"),
     "agent": ("agent", "-created_at", "-pk"),
     "status": ("status", "-created_at", "-pk"),
+    "duration": ("duration", "pk"),
 }
-
-
-def run_duration() -> Any:
-    """A run's duration as the list shows and sorts it: from when a worker took it up to its
-    outcome, or, before one (running, failed), to its last change. NULL for a run no worker
-    took yet."""
-    return ExpressionWrapper(Coalesce(F("finished_at"), F("updated_at")) - F("started_at"),
-                             output_field=DurationField())
 
 
 def run_order(runs: QuerySet[Run], sort: str) -> QuerySet[Run]:
     """``runs`` (annotated with their ``run_duration`` as ``duration``) in the list's order
-    ``sort`` (``filters.SORTS``); ``ValueError`` for another.
-
-    ``updated`` and ``duration`` are not on an index of their own: every journal write sets
-    ``updated_at``, and an index on it (or on an expression of it) would take the run's row
-    out of its HOT updates (migration 0005), each write then adding an entry to each of the
-    table's ten indexes. Sorted by them, the list reads the runs its other filters leave and
-    keeps the top of them (a top-N heapsort: docs/benchmarks.md, the runs list)."""
+    ``sort`` (``filters.SORTS``); ``ValueError`` for another."""
     column, descending = sort.removeprefix("-"), sort.startswith("-")
-    if column == "duration":  # the runs no worker took yet last, either way
-        duration = F("duration")
-        return runs.order_by(
-            duration.desc(nulls_last=True) if descending else duration.asc(nulls_last=True),
-            "-pk" if descending else "pk")
     if column not in _ORDERS:
         raise ValueError(f"no order {sort!r}")
     fields = _ORDERS[column]

@@ -116,9 +116,9 @@ def _utf16(char: str) -> tuple[int, ...]:
 
 
 @register.filter
-def lasted(span: timedelta | None) -> str:
-    """A run's duration in the runs list ("2.4 s", "3 min 5 s"); "—" before a worker took it."""
-    return "—" if span is None else labels.seconds_words(span.total_seconds())
+def lasted(span: timedelta) -> str:
+    """A run's duration in the runs list: "2.4 s", "3 min 5 s"."""
+    return labels.seconds_words(span.total_seconds())
 
 
 @register.filter

@@ -88,8 +88,8 @@ class SortTests(Timed):
         orders = {
             "-created": [p, f, q, s, sc, b], "created": [b, sc, s, q, f, p],
             "-updated": [s, p, f, q, sc, b], "updated": [b, sc, q, f, p, s],
-            # longest first; the run no worker took last, either way
-            "-duration": [s, f, p, sc, b, q], "duration": [b, sc, p, f, s, q],
+            # longest first, the run no worker took last; the reverse is the exact reverse
+            "-duration": [s, f, p, sc, b, q], "duration": [q, b, sc, p, f, s],
             # names from A, each agent's newest first; the reverse is the exact reverse
             "agent": [p, sc, f, q, s, b], "-agent": [b, s, q, f, sc, p],
             "status": [f, s, p, q, sc, b], "-status": [b, sc, q, p, s, f],
@@ -294,7 +294,7 @@ class ApiTests(Timed):
         assert [r["code"] for r in data["items"]] == self.codes(self.s, self.f)
         assert data["count"] == 2
         for query, loc in [("sort=colour", ["query", "sort"]),
-                           ("status=lost", ["query", "status"]),
+                           ("status=failed&status=lost", ["query", "status", 1]),
                            ("range=custom&before=9999-12-31", ["query", "before"])]:
             with self.subTest(query=query):
                 bad = client.get(f"/api/runs?{query}")
