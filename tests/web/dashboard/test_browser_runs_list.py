@@ -1,8 +1,8 @@
 """The runs list as an operator lives in it, in headless Chromium against a real Daphne (no
 worker: the runs are made in the journal): sorted by a heading, narrowed to two statuses,
-saved as a view and opened again from the menu, walked with j and k and opened with Enter,
-exported; at 1280 px and at 390 px, and by a viewer, who has no batch bar. Screenshots:
-``var/test-artifacts/dashboard/runs-list-*.png``."""
+saved as a view and opened again from the menu, walked with j and k (a live re-read keeps
+the selection) and opened with Enter, exported; at 1280 px and at 390 px, and by a viewer,
+who has no batch bar. Screenshots: ``var/test-artifacts/dashboard/runs-list-*.png``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from django.utils import timezone
 
 from stateguard_web.accounts.models import SavedView
+from stateguard_web.sagas import events
 from stateguard_web.sagas.models import Run
 from tests.web.api.world import make_user
 from tests.web.conftest import Server
@@ -61,8 +62,8 @@ def make_runs() -> dict[str, Run]:
     return runs
 
 
-def test_an_operator_sorts_narrows_saves_and_walks_the_list(daphne: Server,
-                                                             browser: Any) -> None:
+def test_an_operator_sorts_narrows_saves_and_walks_the_list(daphne: Server, browser: Any,
+                                                             publisher: None) -> None:
     make_user("olivia", "operator", password=PASSWORD)
     make_user("vera", "viewer", password=PASSWORD)
     runs = make_runs()
@@ -138,6 +139,14 @@ def test_an_operator_sorts_narrows_saves_and_walks_the_list(daphne: Server,
     page.keyboard.press("k")
     assert focused_run(page) == code["o-2"]
     shot(page, "runs-list-03-wide-selected")
+    # A run fails meanwhile: the list re-reads itself, and the selection stays where it was.
+    page.evaluate("window.__sgNoReload = true")
+    late = Run.objects.create(agent="checkout", status=S.FAILED, input={"order": "late"})
+    events.publish_change(late.code, "run.status", status=late.status)
+    page.wait_for_selector(f'tr[data-run="{late.code}"]')
+    assert shown(page) == [code["o-7"], code["o-2"], code["o-0"], str(late.code)]
+    assert focused_run(page) == code["o-2"]
+    assert page.evaluate("window.__sgNoReload === true")
     page.fill("#f-q", "jk")  # typed in a field: not a move
     assert focused_run(page) is None
     page.focus(f'#open-{code["o-2"]}')
