@@ -42,10 +42,18 @@ PARAMETERS = ("status", "agent", "q", "range", "after", "before", "tz", "created
 _CUSTOM = frozenset({"after", "before", "tz"})
 
 
+class _Statuses(forms.MultipleChoiceField):
+    """Any of several statuses; an empty one is none (``?status=``: the "All" chip's link as
+    it was before several could be chosen, in bookmarks)."""
+
+    def to_python(self, value: Any) -> list[str]:
+        return [v for v in super().to_python(value) if v]
+
+
 class RunFilterForm(forms.Form):
     """The runs list's query string. ``status`` may be given several times (any of them)."""
 
-    status = forms.MultipleChoiceField(required=False, choices=Run.Status.choices)
+    status = _Statuses(required=False, choices=Run.Status.choices)
     agent = forms.CharField(required=False, max_length=100)
     q = forms.CharField(required=False, max_length=200, label="Search",
                         help_text="A run id (its first characters will do) or text in its input")

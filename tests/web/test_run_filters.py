@@ -30,6 +30,8 @@ def test_it_lists_newest_first_by_default() -> None:
     filters, problems = parsed("")
     assert problems == [] and filters["sort"] == DEFAULT_SORT == "-created"
     assert filters["status"] == [] and filters["page"] == 1
+    filters, problems = parsed("status=&agent=x")  # "All", as its link was before
+    assert problems == [] and filters["status"] == [] and filters["agent"] == "x"
 
 
 def test_it_says_what_is_wrong_with_each_bad_parameter_and_ignores_it() -> None:
