@@ -15,7 +15,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sagas', '0025_map_indexes'),
+        ('sagas', '0026_agent_versions'),
     ]
 
     operations = [
