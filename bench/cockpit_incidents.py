@@ -40,6 +40,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -87,6 +88,23 @@ GROUPS = [
     ("cleanup", "needs_attention", "delete_object", "NoSuchVersion", 1),
     ("noop5", "failed", "s3", "ValueError", 1),
 ]
+# The approvals of a journal of runs, as the navigation's counts read them (cockpit_runslist's
+# too): the pending one of each paused run, as P5's list has, and the decided ones of the
+# past, which the count must not read (P5's, likewise).
+APPROVALS = {
+    "approvals": """
+        INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by,
+            reason, requested_at)
+        SELECT id, 'charge:' || code, 'charge_user', '{"amount": 25000}', 'pending', '', '',
+               updated_at
+        FROM sagas_run WHERE status = 'paused'""",
+    "decided approvals": """
+        INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by,
+            reason, requested_at, decided_at)
+        SELECT id, 'charge:' || code, 'charge_user', '{"amount": 25000}', 'approved', 'op',
+               '', created_at, updated_at
+        FROM sagas_run WHERE status = 'succeeded' AND agent = 'checkout'""",
+}
 NODES = ["create_customer", "charge_user", "book_order", "send_receipt", "launch_instance",
          "create_record", "attach_address", "reserve_hotel", "charge_card", "agent"]
 
@@ -114,9 +132,6 @@ def load(runs: int, steps: int, share: float) -> dict[str, float]:
     """The runs and their steps, in bulk SQL (the incident runs "running" meanwhile); then the
     incidents' statuses and errors by one UPDATE, which the trigger of migration 0022 follows
     for each. Returns the seconds each part took."""
-    import psycopg
-
-    took: dict[str, float] = {}
     nodes = "ARRAY[" + ", ".join(f"'{n}'" for n in NODES) + "]"
     statements = {
         "runs": f"""
@@ -160,23 +175,18 @@ def load(runs: int, steps: int, share: float) -> dict[str, float]:
                                            'it broke, run ' || id, 'traceback', ''),
                 updated_at = created_at + interval '61 seconds'
             WHERE status = 'running'""",
-        # the navigation counts the pending approvals: one per paused run, as P5's list has
-        "approvals": """
-            INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by,
-                reason, requested_at)
-            SELECT id, 'charge:' || code, 'charge_user', '{"amount": 25000}', 'pending', '', '',
-                   updated_at
-            FROM sagas_run WHERE status = 'paused'""",
-        # and the decided ones of the past, which the count must not read (P5's, likewise)
-        "decided approvals": """
-            INSERT INTO sagas_approval (run_id, step_id, node, payload, status, decided_by,
-                reason, requested_at, decided_at)
-            SELECT id, 'charge:' || code, 'charge_user', '{"amount": 25000}', 'approved', 'op',
-                   '', created_at, updated_at
-            FROM sagas_run WHERE status = 'succeeded' AND agent = 'checkout'""",
+        **APPROVALS,
         "vacuum analyze": "VACUUM ANALYZE",
     }
-    with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}",
+    return timed(statements, DB_NAME)
+
+
+def timed(statements: dict[str, str], database: str) -> dict[str, float]:
+    """Run each of ``statements`` on ``database``, in order; the seconds each took."""
+    import psycopg
+
+    took: dict[str, float] = {}
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{database}",
                          autocommit=True) as db:
         for name, sql in statements.items():
             t = time.perf_counter()
@@ -272,20 +282,56 @@ def measure(user: Any, urls: dict[str, str], rounds: int, requests: int, plans_t
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, name: str) -> argparse.ArgumentParser:
+    """The options of a cockpit bench: its database's size, its rounds, where its plans go."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=20, help="steps per run")
-    parser.add_argument("--incidents", type=float, default=0.1,
-                        help="share of the runs that failed or need attention")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=20, help="per view and round")
-    parser.add_argument("--trigger-runs", type=int, default=5000,
-                        help="runs whose statuses are updated to time the trigger")
-    parser.add_argument("--plans", type=Path,
-                        default=ROOT / "var" / "bench" / "cockpit_incidents-plans.txt")
+    parser.add_argument("--plans", type=Path, default=ROOT / "var" / "bench" / f"{name}-plans.txt")
     parser.add_argument("--no-load", action="store_true",
                         help="measure the database the last run loaded, as it is")
+    return parser
+
+
+def operator_after(load_it: Callable[[], dict[str, float]] | None
+                   ) -> tuple[Any, dict[str, float]]:
+    """olivia, an operator, made once ``load_it`` loaded the database, and the seconds each
+    part of the load took; with None (``--no-load``), the olivia of the last load."""
+    from django.contrib.auth import get_user_model
+
+    from stateguard_web.accounts import services as accounts
+
+    if load_it is None:
+        return get_user_model().objects.get(username="olivia"), {}
+    took = load_it()
+    user = get_user_model().objects.create_user("olivia")
+    accounts.role_grant(user=user, role="operator")
+    return user, took
+
+
+def report(results: dict[str, dict[str, Any]], rounds: int, requests: int, plans: Path) -> None:
+    """``measure``'s results as a table, each view's p95 beside the floor's."""
+    floor = results["floor (trivial view)"]
+    width = max(len(name) for name in results)
+    print(f"\n{rounds} rounds x {requests} requests per view, interleaved; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"{'view':{width}} {'p50 ms':>7} {'p95 ms':>7} {'x floor p95':>11} {'cpu p50':>8} "
+          f"{'queries':>7} {'db ms':>6}  plans")
+    for name, r in results.items():
+        print(f"{name:{width}} {r['p50']:7.1f} {r['p95']:7.1f} {r['p95'] / floor['p95']:11.1f} "
+              f"{r['cpu50']:8.1f} {r['queries']:7d} {r['db_ms']:6.1f}  "
+              f"{'seq scan: ' + ', '.join(sorted(r['seq'])) if r['seq'] else 'indexes'}")
+    print(f"\nplans: {plans}")
+
+
+def main() -> None:
+    parser = arguments(__doc__, "cockpit_incidents")
+    parser.add_argument("--incidents", type=float, default=0.1,
+                        help="share of the runs that failed or need attention")
+    parser.add_argument("--trigger-runs", type=int, default=5000,
+                        help="runs whose statuses are updated to time the trigger")
     args = parser.parse_args()
 
     if not args.no_load:
@@ -294,19 +340,12 @@ def main() -> None:
 
     django.setup()
     from django.conf import settings
-    from django.contrib.auth import get_user_model
 
-    from stateguard_web.accounts import services as accounts
     from stateguard_web.runs import incidents
     from stateguard_web.sagas.models import Run, Step
 
-    if args.no_load:
-        took: dict[str, float] = {}
-        user = get_user_model().objects.get(username="olivia")
-    else:
-        took = load(args.runs, args.steps, args.incidents)
-        user = get_user_model().objects.create_user("olivia")
-        accounts.role_grant(user=user, role="operator")
+    user, took = operator_after(
+        None if args.no_load else lambda: load(args.runs, args.steps, args.incidents))
     page = incidents.incident_groups(runs=Run.objects.all(), window="30d")
     largest = page.groups[0].filters
     batchable = next(g.filters for g in page.groups
@@ -317,16 +356,7 @@ def main() -> None:
           + ", ".join(f"{k} {v:.1f} s" for k, v in took.items()))
     args.plans.parent.mkdir(parents=True, exist_ok=True)
     results = measure(user, views(largest, batchable), args.rounds, args.requests, args.plans)
-    floor = results["floor (trivial view)"]
-    print(f"\n{args.rounds} rounds x {args.requests} requests per view, interleaved; "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print(f"{'view':34} {'p50 ms':>7} {'p95 ms':>7} {'x floor p95':>11} {'cpu p50':>8} "
-          f"{'queries':>7} {'db ms':>6}  plans")
-    for name, r in results.items():
-        print(f"{name:34} {r['p50']:7.1f} {r['p95']:7.1f} {r['p95'] / floor['p95']:11.1f} "
-              f"{r['cpu50']:8.1f} {r['queries']:7d} {r['db_ms']:6.1f}  "
-              f"{'seq scan: ' + ', '.join(sorted(r['seq'])) if r['seq'] else 'indexes'}")
-    print(f"\nplans: {args.plans}")
+    report(results, args.rounds, args.requests, args.plans)
     cost = trigger_cost(args.trigger_runs)
     print(f"\nstatus UPDATEs of {args.trigger_runs} runs, us per run (best of 5), trigger on / "
           f"off: a status no incident cares about {cost['other'][0]:.1f} / "

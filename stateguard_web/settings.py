@@ -400,6 +400,9 @@ STATEGUARD_BENCH_AGENTS = env.bool("STATEGUARD_BENCH_AGENTS", default=False)
 # Batches (batches/services.py): the most runs one batch may take; POST /api/batches refuses a
 # larger selection (422). A worker goes through about a hundred runs a second.
 STATEGUARD_BATCH_MAX_RUNS = env.int("STATEGUARD_BATCH_MAX_RUNS", default=1000)
+# The runs list's CSV export (dashboard/export.py): the most rows one file holds, the first
+# of the list in its order; the export says when it stopped there (X-Truncated).
+STATEGUARD_RUNS_CSV_MAX_ROWS = env.int("STATEGUARD_RUNS_CSV_MAX_ROWS", default=10_000)
 
 # Throttling (accounts/throttle.py): failed sign-ins and failed API key lookups are counted per
 # client address and per account over a sliding window; past a limit, that address or account

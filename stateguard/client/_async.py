@@ -76,13 +76,14 @@ class AsyncClient(Base):
     async def agents(self) -> builtins.list[Agent]:
         return await self._send(calls.agents())
 
-    async def list(self, *, status: str | None = None, agent: str | None = None,
-                   q: str | None = None, created_after: datetime | None = None,
-                   created_before: datetime | None = None, limit: int = 50,
-                   offset: int = 0) -> RunPage:
+    async def list(self, *, status: str | Iterable[str] | None = None,
+                   agent: str | None = None, q: str | None = None,
+                   created_after: datetime | None = None,
+                   created_before: datetime | None = None, sort: str | None = None,
+                   limit: int = 50, offset: int = 0) -> RunPage:
         return await self._send(calls.list_runs(
             status=status, agent=agent, q=q, created_after=created_after,
-            created_before=created_before, limit=limit, offset=offset))
+            created_before=created_before, sort=sort, limit=limit, offset=offset))
 
     async def approve(self, code: object, approval: int | None = None, *,
                       reason: str = "") -> Run:

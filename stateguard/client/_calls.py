@@ -92,11 +92,14 @@ def get(code: object) -> Call[RunDetail]:
     return Call("GET", run_path(code), lambda r: RunDetail.from_json(answer(r)))
 
 
-def list_runs(*, status: str | None, agent: str | None, q: str | None,
-              created_after: datetime | None, created_before: datetime | None, limit: int,
-              offset: int) -> Call[RunPage]:
+def list_runs(*, status: str | Iterable[str] | None, agent: str | None, q: str | None,
+              created_after: datetime | None, created_before: datetime | None,
+              sort: str | None, limit: int, offset: int) -> Call[RunPage]:
     params: dict[str, Any] = {"limit": limit, "offset": offset}
-    params.update({k: v for k, v in (("status", status), ("agent", agent), ("q", q)) if v})
+    statuses = [status] if isinstance(status, str) else list(status or ())
+    if statuses:  # any of them: ?status=failed&status=needs_attention
+        params["status"] = statuses
+    params.update({k: v for k, v in (("agent", agent), ("q", q), ("sort", sort)) if v})
     params.update({k: v.isoformat() for k, v in (("created_after", created_after),
                                                   ("created_before", created_before)) if v})
     return Call("GET", "/api/runs", lambda r: RunPage.from_json(answer(r)), params=params)

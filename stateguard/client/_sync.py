@@ -83,15 +83,17 @@ class Client(Base):
     def agents(self) -> builtins.list[Agent]:
         return self._send(calls.agents())
 
-    def list(self, *, status: str | None = None, agent: str | None = None,
+    def list(self, *, status: str | Iterable[str] | None = None, agent: str | None = None,
              q: str | None = None, created_after: datetime | None = None,
-             created_before: datetime | None = None, limit: int = 50,
-             offset: int = 0) -> RunPage:
-        """A page of the runs this key may see, newest first."""
+             created_before: datetime | None = None, sort: str | None = None,
+             limit: int = 50, offset: int = 0) -> RunPage:
+        """A page of the runs this key may see, of any of ``status`` (one or several),
+        newest first or in the order ``sort`` names ("-duration": longest first;
+        docs/api.md, GET /api/runs)."""
         return self._send(calls.list_runs(status=status, agent=agent, q=q,
                                           created_after=created_after,
-                                          created_before=created_before, limit=limit,
-                                          offset=offset))
+                                          created_before=created_before, sort=sort,
+                                          limit=limit, offset=offset))
 
     # -- operator actions (a worker carries each out: the run's ``request`` says so) ---------
     def approve(self, code: object, approval: int | None = None, *, reason: str = "") -> Run:

@@ -48,3 +48,26 @@ class ApiKey(models.Model):
     @property
     def active(self) -> bool:
         return self.revoked_at is None and not self.expired
+
+
+class SavedView(models.Model):
+    """A runs list a user named to come back to ("my checkout failures today"): the list's
+    query string as ``runs.filters.kept`` keeps it. Each user sees and deletes their own
+    only (``accounts.services``); saving a name again replaces its query."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE,
+                             related_name="saved_views")
+    name = models.CharField(max_length=100)
+    query = models.CharField(max_length=2000, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "pk"]
+        constraints = [
+            # One view per name and user: the menu names them; the unique index also serves
+            # the menu's read of a user's views, in order.
+            models.UniqueConstraint(fields=["user", "name"], name="accounts_savedview_name"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.user_id})"

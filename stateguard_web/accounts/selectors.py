@@ -1,15 +1,18 @@
-"""Reads for accounts: an API key by its prefix, as every request with a key needs it."""
+"""Reads for accounts: an API key by its prefix, as every request with a key needs it, and a
+user's saved views of the runs list."""
 
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.contrib.contenttypes.models import ContentType
 from django.db import connection
+from django.db.models import QuerySet
 
-from stateguard_web.accounts.models import ApiKey
+from stateguard_web.accounts.models import ApiKey, SavedView
 from stateguard_web.lib import rows
 
 
@@ -50,3 +53,10 @@ def api_key_find(*, prefix: str) -> tuple[ApiKey, list[str] | None] | None:
     (key, user), (perms,) = rows.read(row, ApiKey, get_user_model())
     key.user = user
     return key, perms
+
+
+def saved_views(*, user: Any) -> QuerySet[SavedView]:
+    """``user``'s saved views of the runs list, by name (none for an anonymous user)."""
+    if not getattr(user, "is_authenticated", False):
+        return SavedView.objects.none()
+    return SavedView.objects.filter(user=user).order_by("name", "pk")

@@ -1,8 +1,9 @@
-"""Writes for accounts: API keys (make, check, revoke) and service users in a role.
+"""Writes for accounts: API keys (make, check, revoke), service users in a role, and each
+user's saved views of the runs list.
 
 Errors: ``KeyRefused`` (the key is unknown, revoked or expired, or its user inactive; the
 API's 401), ``throttle.Throttled`` (too many failed keys from the address, or wrong secrets
-for the key: the API's 429) and ``UnknownRole``.
+for the key: the API's 429), ``UnknownRole`` and ``TooManyViews``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from django.utils import timezone
 
 from stateguard_web.accounts import keycache, throttle
 from stateguard_web.accounts.backends import remember_permissions
-from stateguard_web.accounts.models import ApiKey
+from stateguard_web.accounts.models import ApiKey, SavedView
 from stateguard_web.accounts.roles import ROLES, Role
 from stateguard_web.sagas.models import AuditEvent
 
-__all__ = ["KEY_PREFIX", "KeyRefused", "UnknownRole", "api_key_authenticate", "api_key_create",
-           "api_key_issue", "api_key_revoke", "role_grant", "service_user_ensure"]
+__all__ = ["KEY_PREFIX", "MAX_SAVED_VIEWS", "KeyRefused", "TooManyViews", "UnknownRole",
+           "api_key_authenticate", "api_key_create", "api_key_issue", "api_key_revoke",
+           "role_grant", "saved_view_delete", "saved_view_save", "service_user_ensure"]
 
 KEY_PREFIX = "sg_"
 _PREFIX_LENGTH = len(KEY_PREFIX) + 8  # "sg_" and 8 hex digits: sg_1a2b3c4d
@@ -43,6 +45,14 @@ class KeyRefused(Exception):
 
 class UnknownRole(ValueError):
     pass
+
+
+class TooManyViews(ValueError):
+    """The user has ``MAX_SAVED_VIEWS`` saved views already (the message says so)."""
+
+
+# A menu a person reads: past this many, one is deleted before another is saved.
+MAX_SAVED_VIEWS = 50
 
 
 def _hash(raw: str) -> str:
@@ -185,3 +195,27 @@ def service_user_ensure(*, username: str, role: Role | str) -> tuple[AbstractBas
         user.save(update_fields=["password"])
     role_grant(user=user, role=role)
     return user, created
+
+
+@transaction.atomic
+def saved_view_save(*, user: AbstractBaseUser, name: str, query: str) -> SavedView:
+    """Save the runs list ``query`` as ``user``'s view ``name``, or give the view of that
+    name this query. ``TooManyViews`` past ``MAX_SAVED_VIEWS``."""
+    # The user's row locked: two saves at once cannot both pass the count.
+    get_user_model().objects.select_for_update().filter(pk=user.pk).exists()
+    view = SavedView.objects.filter(user=user, name=name).first()
+    if view is None:
+        if SavedView.objects.filter(user=user).count() >= MAX_SAVED_VIEWS:
+            raise TooManyViews(f"You have {MAX_SAVED_VIEWS} saved views: delete one first.")
+        return SavedView.objects.create(user=user, name=name, query=query)
+    view.query = query
+    view.save(update_fields=["query"])
+    return view
+
+
+def saved_view_delete(*, user: AbstractBaseUser, pk: int) -> SavedView | None:
+    """Delete ``user``'s view ``pk``; None if they have no such view (another's included)."""
+    view = SavedView.objects.filter(user=user, pk=pk).first()
+    if view is not None:
+        view.delete()
+    return view

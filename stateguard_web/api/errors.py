@@ -139,9 +139,10 @@ def _error(api: NinjaAPI, request: HttpRequest, status: int, code: str, detail: 
 
 
 def _loc(loc: tuple[Any, ...] | list[Any]) -> list[str | int]:
-    """Ninja's location, without the name of the operation's body parameter (``data``)."""
+    """Ninja's location, without the name of the operation's body parameter (``data``), nor
+    that of its query's schema (``filters``: ninja names it for a list's item)."""
     parts = list(loc)
-    if len(parts) > 1 and parts[0] == "body" and parts[1] == "data":
+    if len(parts) > 1 and (parts[0], parts[1]) in (("body", "data"), ("query", "filters")):
         del parts[1]
     return [p if isinstance(p, int) else str(p) for p in parts]
 

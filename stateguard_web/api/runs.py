@@ -42,6 +42,7 @@ from stateguard_web.api.schemas import (
 )
 from stateguard_web.payments import ledger
 from stateguard_web.runs import selectors, services, timeline
+from stateguard_web.runs.filters import RunFilterForm
 from stateguard_web.runs.journal_events import BadEventId, Cursor
 from stateguard_web.sagas.models import Approval, Run
 from stateguard_web.webhooks import selectors as webhooks
@@ -72,14 +73,18 @@ def submit_run(request: HttpRequest, data: RunIn,
 
 @router.get("", response={200: RunListOut, **errors(422)}, summary="List runs")
 def list_runs(request: HttpRequest, filters: Query[RunFilter]) -> dict[str, object]:
-    """The runs the caller may see, newest first (a submitter: its own)."""
+    """The runs the caller may see (a submitter: its own), newest first or in the order
+    `sort` names: the dashboard's runs list, whose query string this takes as it is (the
+    list's page, `after`, `before` and `tz` of its "between…" range included)."""
     who = principal(request)
     access.check(who.user, Ability.VIEW)
-    runs = selectors.run_list(
-        runs=access.visible_runs(who.user), status=filters.status, agent=filters.agent,
-        q=filters.q, created_after=filters.created_after,
-        created_before=filters.created_before, node=filters.node, what=filters.what,
-        step=filters.step, error_type=filters.error_type)
+    form = RunFilterForm(request.GET)  # the schema documents these; the list's parser reads
+    if form.problems():
+        raise ValidationError([{"loc": ("query", name), "msg": " ".join(messages)}
+                               for name, messages in form.errors.items()])
+    query = form.filters()
+    query.pop("page")
+    runs = selectors.run_list(runs=access.visible_runs(who.user), **query)
     page = runs[filters.offset:filters.offset + filters.limit]
     return {"items": [selectors.run_summary(run=run) for run in page], "count": runs.count()}
 

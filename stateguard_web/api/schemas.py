@@ -5,7 +5,7 @@ a 422 that names the field."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
@@ -204,7 +204,31 @@ class RunFilters(Schema):
                                                            "(APIConnectionError); - for none")
 
 
+# runs.filters.SORTS and RANGES, as the schema lists them (a test checks they agree).
+RunSort = Literal["-created", "created", "-updated", "updated", "-duration", "duration",
+                  "-agent", "agent", "-status", "status"]
+CreatedRange = Literal["1h", "24h", "7d", "30d", "custom"]
+
+
 class RunFilter(RunFilters):
+    """GET /api/runs's query: the dashboard's runs list's and its CSV export's too
+    (``runs.filters``, which reads it for all three)."""
+
+    # Several here, one in a batch's filter.
+    status: list[RunStatus] | None = Field(  # type: ignore[assignment]
+        None, description="any of these: `?status=failed&status=needs_attention`")
+    sort: RunSort = Field("-created", description="the order: a column, `-` first for the "
+                                                   "largest (newest, longest) first; ties "
+                                                   "newest first")
+    range: CreatedRange | None = Field(None, description="created in the last hour, 24 "
+                                                         "hours, 7 or 30 days; or custom: "
+                                                         "from `after` to `before`")
+    after: date | None = Field(None, description="with range=custom: the first day "
+                                                 "(YYYY-MM-DD), in `tz`")
+    before: date | None = Field(None, description="with range=custom: the last day, "
+                                                  "inclusive")
+    tz: str | None = Field(None, max_length=64, description="the days' time zone "
+                                                            "(Europe/Paris); UTC if absent")
     limit: int = Field(50, ge=1, le=200)
     offset: int = Field(0, ge=0, le=2**31 - 1)
 

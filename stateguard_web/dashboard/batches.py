@@ -26,9 +26,9 @@ from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.batches import services as batches
 from stateguard_web.dashboard import labels
-from stateguard_web.dashboard.forms import RunFilterForm
 from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.runs import selectors, services
+from stateguard_web.runs.filters import RunFilterForm
 from stateguard_web.sagas.models import Batch, BatchItem, Run
 
 # What each action does to one run, for the confirmation.
@@ -96,8 +96,9 @@ def described(filters: dict[str, Any]) -> str:
         words += f" that last failed {failed}"
     if filters.get("q"):
         words += f" matching “{filters['q']}”"
-    if filters.get("status"):
-        words += f", {labels.label('run', filters['status']).words} now"
+    statuses = filters.get("status") or []
+    if statuses:  # one, or several: "failed or needs attention now"
+        words += f", {' or '.join(labels.label('run', s).words for s in statuses)} now"
     return words + "."
 
 
@@ -121,7 +122,8 @@ def batch_new(request: HttpRequest) -> HttpResponse:
     runs = access.visible_runs(request.user)
     if form.cleaned_data["scope"] == "filter":
         filters = RunFilterForm(request.GET).filters()
-        filters.pop("page")
+        for name in ("page", "sort"):  # the list's, not a filter
+            filters.pop(name)
         selection: dict[str, Any] = {"filters": {k: v or None for k, v in filters.items()}}
         words = described(filters)
     else:

@@ -1,79 +1,11 @@
-"""The dashboard's forms: the runs list's filters, and what each action takes."""
+"""The dashboard's forms: what each action takes (the runs list's filters are
+``runs.filters``, shared with the API)."""
 
 from __future__ import annotations
 
-import zoneinfo
-from datetime import date, datetime, time, timedelta, tzinfo
-from typing import Any
-
 from django import forms
-from django.utils import timezone
-
-from stateguard_web.dashboard.pages import RANGES
-from stateguard_web.runs.agent_map import STOPS
-from stateguard_web.sagas.models import Run
 
 MAX_ID = 2**63 - 1
-
-
-class RunFilterForm(forms.Form):
-    """GET parameters of the runs list. An invalid one is shown with its error and ignored;
-    the others still filter."""
-
-    status = forms.ChoiceField(required=False, choices=[("", "All"), *Run.Status.choices])
-    agent = forms.CharField(required=False, max_length=100)
-    q = forms.CharField(required=False, max_length=200, label="Search",
-                        help_text="A run id (its first characters will do) or text in its input")
-    range = forms.ChoiceField(required=False, label="Created", choices=[
-        ("", "any time"), ("1h", "in the last hour"), ("24h", "in the last 24 hours"),
-        ("7d", "in the last 7 days"), ("30d", "in the last 30 days"), ("custom", "between…")])
-    after = forms.DateField(required=False, label="from",
-                            widget=forms.DateInput(attrs={"type": "date"}))
-    before = forms.DateField(required=False, label="to (inclusive)",
-                             widget=forms.DateInput(attrs={"type": "date"}))
-    # Where the runs stand or stopped, as an agent's map counts them (runs/agent_map.py): set
-    # by a click on the map, shown as what the list is narrowed to, kept by the filter form.
-    node = forms.CharField(required=False, max_length=200, label="Stopped at")
-    what = forms.ChoiceField(required=False, label="as", choices=[
-        ("", "any"), *((key, stop.words) for key, stop in STOPS.items())])
-    # Where the run last failed and with what: an Incidents group's runs (incidents.py). Set
-    # by the group's link, shown as what the list is narrowed to, kept by the filter form.
-    step = forms.CharField(required=False, max_length=200, label="Failed at")
-    error_type = forms.CharField(required=False, max_length=200, label="Error type")
-    # The browser's time zone (the page's script fills it in), for the days of a custom range.
-    tz = forms.CharField(required=False, max_length=64, widget=forms.HiddenInput)
-    page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000,
-                              widget=forms.HiddenInput)
-
-    def filters(self) -> dict[str, Any]:
-        """Keyword arguments for ``pages.run_list_page`` from the valid fields."""
-        self.is_valid()
-        data = self.cleaned_data
-        after, before = None, None
-        if data.get("range") in RANGES:
-            after = timezone.now() - RANGES[data["range"]]
-        elif data.get("range") == "custom":
-            zone = _zone(data.get("tz") or "")
-            if data.get("after"):
-                after = _start_of(data["after"], zone)
-            if data.get("before"):
-                before = _start_of(data["before"] + timedelta(days=1), zone)
-        return {"status": data.get("status") or "", "agent": data.get("agent") or "",
-                "q": data.get("q") or "", "created_after": after, "created_before": before,
-                "node": data.get("node") or "", "what": data.get("what") or "",
-                "step": data.get("step") or "", "error_type": data.get("error_type") or "",
-                "page": data.get("page") or 1}
-
-
-def _zone(name: str) -> tzinfo:
-    try:
-        return zoneinfo.ZoneInfo(name) if name else timezone.get_current_timezone()
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return timezone.get_current_timezone()
-
-
-def _start_of(day: date, zone: tzinfo) -> datetime:
-    return datetime.combine(day, time.min, tzinfo=zone)
 
 
 class _Reason(forms.Form):

@@ -7,12 +7,14 @@ list from ``runs.selectors.run_list``; which actions a run accepts from ``stateg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connections
 from django.db.models import Prefetch, QuerySet
+from django.http import QueryDict
 from django.utils import timezone
 
 from stateguard import lifecycle
@@ -29,6 +31,7 @@ from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
 from stateguard_web.payments.ledger import LedgerRow, ledger_rows
 from stateguard_web.runs import runtime, selectors, timeline
+from stateguard_web.runs.filters import DEFAULT_SORT
 from stateguard_web.runs.timeline import Timeline
 from stateguard_web.sagas.models import (
     Approval,
@@ -102,10 +105,6 @@ def inbox_counts(user: Any) -> dict[str, int]:
 
 # -- the runs list --------------------------------------------------------------------------
 
-RANGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7),
-          "30d": timedelta(days=30)}
-
-
 @dataclass(frozen=True, slots=True)
 class Chip:
     status: str  # "" for every status
@@ -126,33 +125,90 @@ class RunListPage:
     more: bool = False  # there is a next page
 
 
-def run_list_page(*, user: Any, status: str = "", agent: str = "", q: str = "",
+def run_list_page(*, user: Any, status: Sequence[str] = (), agent: str = "", q: str = "",
                   created_after: datetime | None = None, created_before: datetime | None = None,
                   node: str = "", what: str = "", step: str = "", error_type: str = "",
-                  page: int = 1) -> RunListPage:
-    """One page of the runs ``user`` may see, newest first, and the count of each status under
-    the other filters (the chips), each capped at ``COUNT_CAP``: one index range per status
-    (the (status, -created_at) index), never a count of every run. The total comes from those
-    counts; past the cap the page knows only whether there is a next one."""
+                  sort: str = DEFAULT_SORT, page: int = 1) -> RunListPage:
+    """One page of the runs ``user`` may see in the order ``sort`` names (newest first by
+    default), of any of the ``status``es (every status if none), and the count of each status
+    under the other filters (the chips), each capped at ``COUNT_CAP``: one index range per
+    status (the (status, -created_at) index), never a count of every run. The total comes
+    from those counts; past the cap the page knows only whether there is a next one."""
     filters = {"agent": agent or None, "q": q or None, "created_after": created_after,
                "created_before": created_before, "node": node or None, "what": what or None,
                "step": step or None, "error_type": error_type or None}
     visible = access.visible_runs(user)
     unfiltered = selectors.run_list(runs=visible, **filters)
     counts = _capped_counts_by_status(unfiltered)
-    chips = [Chip(value, label, min(counts[value], COUNT_CAP), status == value,
+    chosen = set(status) & set(counts)
+    chips = [Chip(value, label, min(counts[value], COUNT_CAP), value in chosen,
                   counts[value] > COUNT_CAP) for value, label in Run.Status.choices]
-    every = Chip("", "All", sum(c.count for c in chips), not status, any(c.capped for c in chips))
+    every = Chip("", "All", sum(c.count for c in chips), not chosen,
+                 any(c.capped for c in chips))
+    counted = [c for c in chips if c.active] or list(chips)
     chips.insert(0, every)
-    chosen = next(c for c in chips if c.active) if status in counts else every
-    total, capped = chosen.count, chosen.capped
+    total, capped = sum(c.count for c in counted), any(c.capped for c in counted)
     pages = max(1, -(-total // PAGE_SIZE))
     page = max(page, 1) if capped else min(max(page, 1), pages)
-    runs = selectors.run_list(runs=visible, status=status or None, **filters)
+    runs = selectors.run_list(runs=visible, status=sorted(chosen), sort=sort, **filters)
     offset = (page - 1) * PAGE_SIZE
     rows = list(runs[offset:offset + PAGE_SIZE + 1])
     return RunListPage(rows[:PAGE_SIZE], chips, total, page, pages, capped,
                        len(rows) > PAGE_SIZE)
+
+
+@dataclass(frozen=True, slots=True)
+class ChipLink:
+    chip: Chip
+    href: str  # the list with this status added to the chosen ones, or taken out
+
+
+def chip_links(chips: list[Chip], query: QueryDict) -> list[ChipLink]:
+    """Each chip's link: a status chip adds its status to those chosen (or takes it out, if
+    chosen): several statuses at once; "All" takes every one out. The other filters and the
+    order stay; the page goes back to the first."""
+    chosen = [s for s in query.getlist("status") if s]
+    links = []
+    for chip in chips:
+        statuses = ([] if not chip.status else
+                    [s for s in chosen if s != chip.status] if chip.status in chosen
+                    else [*chosen, chip.status])
+        then = query.copy()
+        then.pop("page", None)
+        then.setlist("status", statuses)
+        links.append(ChipLink(chip, f"?{then.urlencode()}"))
+    return links
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A sortable column's heading: its link sorts by it (the other way, if it does now)."""
+
+    key: str
+    label: str
+    href: str
+    sorted: str  # "ascending", "descending" or "" (aria-sort's words)
+    css: str = ""
+
+
+# The columns the list sorts by, their headings, and which way a first click sorts: times
+# newest (and durations longest) first, names from A.
+_COLUMNS = (("status", "Status", "", ""), ("agent", "Agent", "", ""),
+            ("created", "Created", "-", ""), ("updated", "Updated", "-", "col-updated"),
+            ("duration", "Duration", "-", "col-duration"))
+
+
+def sort_links(sort: str, query: QueryDict) -> dict[str, Column]:
+    """The sortable columns' headings by key, for the list in the order ``sort``."""
+    columns = {}
+    for key, label, first, css in _COLUMNS:
+        now = ("descending" if sort == f"-{key}" else "ascending" if sort == key else "")
+        then = query.copy()
+        then.pop("page", None)
+        then["sort"] = (key if now == "descending" else f"-{key}" if now == "ascending"
+                        else f"{first}{key}")
+        columns[key] = Column(key, label, f"?{then.urlencode()}", now, css)
+    return columns
 
 
 # -- a run's detail ---------------------------------------------------------------------------

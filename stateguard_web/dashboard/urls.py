@@ -6,10 +6,12 @@ from django.urls import path
 from stateguard_web.dashboard import (
     agent_map,
     batches,
+    export,
     incidents,
     outbox,
     refunds,
     rewinds,
+    saved_views,
     views,
 )
 
@@ -17,6 +19,9 @@ app_name = "dashboard"
 
 urlpatterns = [
     path("", views.run_list, name="runs"),
+    path("runs.csv", export.runs_csv, name="runs_csv"),
+    path("views/", saved_views.view_save, name="view_save"),
+    path("views/<int:pk>/delete", saved_views.view_delete, name="view_delete"),
     path("runs/<uuid:code>/", views.run_detail, name="run"),
     path("runs/<uuid:code>/approve", views.run_approve, name="approve"),
     path("runs/<uuid:code>/reject", views.run_reject, name="reject"),

@@ -27,6 +27,7 @@ from django.views.decorators.cache import cache_control
 from django.views.decorators.http import require_GET, require_POST
 
 from stateguard_web.accounts import access
+from stateguard_web.accounts import selectors as account_selectors
 from stateguard_web.accounts.access import Ability
 from stateguard_web.accounts.forms import LoginForm
 from stateguard_web.dashboard import chart, pages, workers
@@ -34,13 +35,13 @@ from stateguard_web.dashboard.forms import (
     CompensateForm,
     DecisionForm,
     ResolveForm,
-    RunFilterForm,
     TerminateForm,
 )
 from stateguard_web.dashboard.incidents import failure_words
 from stateguard_web.monitoring import heartbeat
 from stateguard_web.monitoring import workers as monitoring
 from stateguard_web.runs import agent_map, runtime, selectors, services, versions
+from stateguard_web.runs.filters import RunFilterForm, kept
 from stateguard_web.sagas.models import Approval, Batch, Run
 from stateguard_web.webhooks import selectors as webhooks
 
@@ -82,8 +83,6 @@ def run_list(request: HttpRequest) -> HttpResponse:
         agents = [*agents, filters["agent"]]
     query = request.GET.copy()
     query.pop("page", None)
-    chip_query = query.copy()
-    chip_query.pop("status", None)
     # Each narrowing's "every run" link drops that narrowing alone and keeps the other: the
     # map's node and what (dashboard/agent_map.py), an Incidents group's step and error type.
     whole = query.copy()
@@ -94,7 +93,8 @@ def run_list(request: HttpRequest) -> HttpResponse:
         unnarrowed.pop(name, None)
     return render(request, "dashboard/runs.html", {
         "form": form, "page": page, "agents": agents, "filters": filters,
-        "query": query.urlencode(), "chip_query": chip_query.urlencode(),
+        "query": query.urlencode(), "chips": pages.chip_links(page.chips, query),
+        "columns": pages.sort_links(filters["sort"], query),
         "filtered": any(filters[k] for k in ("agent", "q", "created_after", "created_before",
                                              "node", "step", "error_type")),
         "stopped": stopped_words(filters["node"], filters["what"]),
@@ -103,8 +103,10 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "unnarrowed": unnarrowed.urlencode(),
         # Batches (dashboard/batches.py): tick runs, or take every run of this filter.
         "can_operate": access.may(request.user, Ability.OPERATE),
-        "filter_params": [(k, v) for k, v in query.items()],
+        "filter_params": [(k, v) for k, values in query.lists() for v in values],
         "batch_actions": Batch.Action.choices,
+        "saved_views": account_selectors.saved_views(user=request.user),
+        "kept": kept(query), "export_limit": settings.STATEGUARD_RUNS_CSV_MAX_ROWS,
     })
 
 

@@ -415,6 +415,25 @@
         });
       });
     });
+    // The runs list from the keyboard: j and k move the focus to the next or previous run's
+    // link (its row shows it: CSS :focus-within), Enter opens it as any focused link does.
+    // Not while typing in a field, nor with a modifier (the browser's shortcuts).
+    document.addEventListener("keydown", function (event) {
+      if (event.key !== "j" && event.key !== "k") return;
+      if (event.ctrlKey || event.metaKey || event.altKey || event.defaultPrevented) return;
+      var target = event.target;
+      if (target.closest && target.closest("input, select, textarea, [contenteditable], dialog[open]")) return;
+      var links = Array.prototype.slice.call(document.querySelectorAll("tbody[data-rows] a.run-link"));
+      if (!links.length) return;
+      // From the row whose link has the focus; from the first row otherwise.
+      var active = document.activeElement;
+      var row = active && active.closest ? active.closest("tbody[data-rows] tr[data-run]") : null;
+      var at = row ? links.indexOf(row.querySelector("a.run-link")) : -1;
+      var next = at < 0 ? 0 : Math.min(Math.max(at + (event.key === "j" ? 1 : -1), 0), links.length - 1);
+      event.preventDefault();
+      links[next].focus();
+      links[next].closest("tr").scrollIntoView({block: "nearest"});
+    });
     document.addEventListener("change", function (event) {  // tick every run on the page
       if (!event.target.matches("input[data-pick-all]")) return;
       document.querySelectorAll("input[data-pick]").forEach(function (b) { b.checked = event.target.checked; });

@@ -204,6 +204,18 @@ def test_it_reads_what_the_ledger_can_vouch_for_of_each_effect() -> None:
                                                           ("applied", "applied")]
 
 
+def test_it_lists_several_statuses_in_an_order() -> None:
+    page = {"items": [run_json("failed")], "count": 1}
+    calls = Recorder(lambda request: httpx.Response(200, json=page))
+    sg = calls.client()
+    assert sg.list(status=["failed", "needs_attention"], sort="-duration").count == 1
+    sg.list(status="failed")
+    several, one = (request.url.params for request in calls.requests)
+    assert several.get_list("status") == ["failed", "needs_attention"]
+    assert several["sort"] == "-duration" and several["limit"] == "50"
+    assert one.get_list("status") == ["failed"] and "sort" not in one
+
+
 def cut_after(body: bytes) -> Iterator[bytes]:
     yield body
     raise httpx.ReadError("connection reset")

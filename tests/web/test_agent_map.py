@@ -18,8 +18,8 @@ from django.utils import timezone
 from stateguard_web.accounts import access
 from stateguard_web.api.schemas import Stopped, Window
 from stateguard_web.batches import services as batches
-from stateguard_web.dashboard.pages import RANGES
 from stateguard_web.runs import agent_map, selectors
+from stateguard_web.runs.filters import RANGES
 from stateguard_web.sagas.models import Approval, Run, Step
 from tests.web.api.world import make_user
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import template
@@ -113,6 +113,12 @@ def _json_text(text: str) -> str:
 def _utf16(char: str) -> tuple[int, ...]:
     data = char.encode("utf-16-be")
     return tuple(int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2))
+
+
+@register.filter
+def lasted(span: timedelta) -> str:
+    """A run's duration in the runs list: "2.4 s", "3 min 5 s"."""
+    return labels.seconds_words(span.total_seconds())
 
 
 @register.filter
