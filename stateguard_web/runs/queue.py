@@ -12,6 +12,7 @@ raised.
 
 from __future__ import annotations
 
+import functools
 import logging
 from functools import cache
 from typing import Any
@@ -51,10 +52,11 @@ def send_on_commit(task: Task, *args: Any) -> None:
     are committed, so the request that stored them succeeded, and answering it with an error
     would have the client submit again what is already stored. Celery's own
     ``delay_on_commit`` raises out of the commit instead (a 500 for a stored run)."""
-    transaction.on_commit(lambda: _send(task, args))
+    transaction.on_commit(functools.partial(send, task, args))
 
 
-def _send(task: Task, args: tuple[Any, ...]) -> None:
+def send(task: Task, args: tuple[Any, ...]) -> None:
+    """``task.apply_async(args)``; a broker out of reach is logged (``send_on_commit``)."""
     try:
         task.apply_async(args)
     except OperationalError as exc:  # kombu's, once its publish retries are spent
