@@ -4,7 +4,8 @@ processes on a server of its own (``tests/private_servers.py``) and stops and st
 What holds: a submission while the broker is down is stored and answered 201, and the sweeper
 queues it once the broker is back (once); while the database is down the API answers 503 with
 ``Retry-After`` and stores nothing, and the web server answers again once it is back; a worker
-whose broker restarted empty connects again and runs the next run.
+whose broker restarted empty connects again and runs the next run, and one that met the
+database down tries the run again once it is back.
 """
 
 from __future__ import annotations
@@ -154,6 +155,36 @@ def test_it_answers_503_with_retry_after_while_the_database_is_down(
     assert stored[-2:] == ["1", "3"]  # the refused submission stored nothing
 
 
+def test_a_run_whose_worker_met_the_database_down_is_run_once_it_is_back(
+        private_postgres: PrivatePostgres, private_redis: PrivateRedis,
+        workers: Workers) -> None:
+    url = private_postgres.url("outages")
+    private = {"DATABASE_URL": url, "REDIS_URL": private_redis.url,
+               "STATEGUARD_BENCH_AGENTS": "true"}
+    submitted = subprocess.run(  # stored, and its message waits in the private Redis
+        [sys.executable, "manage.py", "submit_run", "noop5", "--input", '{"n": 7}'], cwd=ROOT,
+        env=_env(DEBUG="true", **private), check=True, capture_output=True, text=True).stdout
+    code = re.search(r"[0-9a-f]{8}-[0-9a-f-]{27}", submitted)
+    assert code, submitted
+    private_postgres.stop()
+    workers.start("w", env=private)  # no beat: no sweeper to queue the run again
+    wait_for(lambda: "OperationalError" in workers.logs(), 30,
+             "the worker to take the run's message while the database is down", workers.logs)
+    private_postgres.start()
+
+    import psycopg
+
+    def status() -> str:
+        with psycopg.connect(url.replace("postgres://", "postgresql://")) as db:
+            row = db.execute("SELECT status FROM sagas_run WHERE code = %s",
+                             [code[0]]).fetchone()
+        return str(row[0]) if row else "missing"
+
+    # The task is tried again a few seconds later, not dropped with the run left pending.
+    wait_for(lambda: status() == "succeeded", 30, "the run to be tried again", workers.logs)
+    assert "Retry in" in workers.logs()
+
+
 def test_a_worker_connects_again_after_its_broker_restarted_empty(
         private_redis: PrivateRedis, workers: Workers, settings: Any) -> None:
     settings.STATEGUARD_BENCH_AGENTS = True
@@ -171,3 +202,4 @@ def test_a_worker_connects_again_after_its_broker_restarted_empty(
     wait_for(lambda: _status(after) == Run.Status.SUCCEEDED, 30,
              "the worker to connect again and run the next run", workers.logs)
     assert "Connection to broker lost" in workers.logs()
+
