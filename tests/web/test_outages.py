@@ -5,11 +5,13 @@ What holds: a submission while the broker is down is stored and answered 201, an
 queues it once the broker is back (once); while the database is down the API answers 503 with
 ``Retry-After`` and stores nothing, and the web server answers again once it is back; a worker
 whose broker restarted empty connects again and runs the next run, and one that met the
-database down tries the run again once it is back.
+database down tries the run again once it is back; a live page whose channel layer restarted
+is closed with 4013 and, connected again, hears the runs again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -20,14 +22,20 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from stateguard_web.accounts import services as accounts
+from stateguard_web.dashboard.consumers import CLOSE_TRY_AGAIN
 from stateguard_web.runs import services, tasks
+from stateguard_web.sagas.events import ALL_RUNS_GROUP
 from stateguard_web.sagas.models import Run
 from tests.private_servers import PrivatePostgres, PrivateRedis
 from tests.web.conftest import Server, Workers, serve, wait_for
+from tests.web.dashboard import test_consumers
+from tests.web.dashboard.test_consumers import batch, socket
 
+world = test_consumers.world  # the live pages' users and runs (a fixture)
 REDIS_PORT, POSTGRES_PORT = 6393, 5443  # this suite's own (never the shared 6379 and 5432)
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,3 +211,23 @@ def test_a_worker_connects_again_after_its_broker_restarted_empty(
              "the worker to connect again and run the next run", workers.logs)
     assert "Connection to broker lost" in workers.logs()
 
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_live_page_is_closed_to_try_again_when_its_channel_layer_restarts(
+        private_redis: PrivateRedis, world: dict[str, Any], settings: Any) -> None:
+    settings.CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [{"address": private_redis.url, "socket_timeout": None}]}}}
+    page = socket("/ws/runs/", world["cookies"]["vera"])
+    assert (await page.connect(timeout=5))[0]
+
+    await asyncio.to_thread(private_redis.restart, 0.5)  # the page's group is gone with it
+    # Closed with a code the page answers by connecting again, not the server's 1011.
+    assert await page.receive_output(timeout=10) == {"type": "websocket.close",
+                                                     "code": CLOSE_TRY_AGAIN}
+    again = socket("/ws/runs/", world["cookies"]["vera"])
+    assert (await again.connect(timeout=5))[0]
+    await get_channel_layer().group_send(ALL_RUNS_GROUP, batch(world["alices"], "run.updated"))
+    heard = await again.receive_json_from(timeout=5)
+    assert [e["run"] for e in heard["events"]] == [str(world["alices"].code)]
+    await again.disconnect()
