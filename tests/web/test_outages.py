@@ -80,7 +80,8 @@ def _key(role: str = "submitter") -> str:
 def _sent(broker: str, run: Run) -> None:
     """``run_execute`` of ``run`` on ``broker`` (a Celery app of its own: this process's sends
     go to the test Redis)."""
-    sender = Celery(broker=broker)
+    # Not the current app: the shared tasks of the tests that follow would publish through it.
+    sender = Celery(broker=broker, set_as_current=False)
     try:
         sender.send_task(f"{tasks.NAMES}.run_execute", (run.pk,))
     finally:
