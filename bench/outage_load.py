@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.fault_relay import FaultRelay
 from bench.faults_backlog import _start_web, _stop
 from bench.procs import Worker, celery_stack, start_localstripe, stop
 from bench.r1_chaos import MUST_BE_ZERO, count, log_errors
@@ -41,6 +42,9 @@ def arguments(prog: str, doc: str | None) -> argparse.ArgumentParser:
                         help="seconds before the restart the workers are stopped (SIGSTOP, "
                              "until the server is back), so that about --rate x --hold runs' "
                              "messages wait in the queue when the server goes down")
+    parser.add_argument("--stripe-latency", type=float, default=0.2,
+                        help="seconds a relay adds to each Stripe call (Stripe's own answers "
+                             "take a few hundred ms: the windows in which a step is cut off)")
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="seconds to wait for every run to settle after the last one")
     parser.add_argument("--log-dir", type=Path, default=None)
@@ -88,8 +92,8 @@ def run(args: argparse.Namespace, log_dir: Path, fault: Callable[[], None],
     django.setup()
     key = submitter_key()
     stripe_proc, stripe_url = start_localstripe(log_dir)
-    env = {**os.environ, "STRIPE_API_BASE": stripe_url, "PYTHONPATH": str(ROOT)}
-    os.environ.update(STRIPE_API_BASE=stripe_url)
+    relay = FaultRelay(stripe_url, lambda kind: None, latency=args.stripe_latency)  # no fault
+    env = {**os.environ, "STRIPE_API_BASE": relay.url, "PYTHONPATH": str(ROOT)}
     beat, workers = celery_stack(env, log_dir, args.workers, args.concurrency, "outage")
     web = None
     print(f"{what}: {args.runs} checkout runs at {args.rate}/s through the API, {args.workers} "
@@ -118,6 +122,7 @@ def run(args: argparse.Namespace, log_dir: Path, fault: Callable[[], None],
             _stop(web)
         for w in [*workers, beat]:
             w.stop()
+        relay.close()
         stop(stripe_proc)
     (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     bad = print_report(report)
