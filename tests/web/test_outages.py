@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from stateguard_web.accounts import services as accounts
 from stateguard_web.dashboard.consumers import CLOSE_TRY_AGAIN
-from stateguard_web.runs import services, tasks
+from stateguard_web.runs import queue, services, tasks
 from stateguard_web.sagas.events import ALL_RUNS_GROUP
 from stateguard_web.sagas.models import Run
 from tests.private_servers import PrivatePostgres, PrivateRedis
@@ -117,6 +117,24 @@ def test_it_stores_a_run_submitted_while_the_broker_is_down_and_queues_it_once_b
              workers.logs)
     queued = re.findall(r"\d+ lost runs queued again \[([\d, ]*)\]", workers.logs())
     assert queued == [str(run.pk)]  # once
+
+
+def test_a_task_sent_while_the_broker_is_down_is_logged_not_raised(
+        private_redis: PrivateRedis, caplog: pytest.LogCaptureFixture) -> None:
+    # What runs after a commit (a notification in a worker's saga, a run's start in a request):
+    # a broker out of reach must not raise into it.
+    private_redis.stop()
+    app = Celery(broker=private_redis.url, set_as_current=False)
+
+    @app.task(name="outages.noop")
+    def noop() -> None:
+        pass
+
+    with caplog.at_level("WARNING", logger="stateguard.tasks"):
+        queue.send(noop, (), "this notification is not sent")
+    assert ("outages.noop() not queued, the broker is unreachable" in caplog.text
+            and caplog.text.rstrip().endswith("this notification is not sent"))
+    app.close()
 
 
 def test_it_answers_503_with_retry_after_while_the_database_is_down(
