@@ -53,7 +53,7 @@ from typing import Any
 
 from bench import databases
 from bench.fault_relay import AFTER, BEFORE, FaultRelay, aws_error, failed_answer, share_of
-from bench.procs import Worker, start_localstripe, start_moto, stop
+from bench.procs import Worker, celery_stack, start_localstripe, start_moto, stop
 from bench.r1_chaos import DONE, MUST_BE_ZERO, count, log_errors, restart, settle
 
 DB_NAME = "stateguard_faults_stripe"
@@ -147,13 +147,7 @@ def main(argv: list[str]) -> int:
                            failed=failed_answer(aws_error(), "text/xml"))
         env = {**os.environ, "AWS_ENDPOINT_URL": relay.url, "AWS_ACCESS_KEY_ID": "testing",
                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
-    celery = [sys.executable, "-m", "celery", "-A", "stateguard_web"]
-    beat = Worker("beat", [*celery, "beat", "-l", "info", "-s", str(log_dir / "beat-schedule")],
-                  env, log_dir)
-    workers = [Worker(f"w{i + 1}", [*celery, "worker", "-l", "info", "-c", str(args.concurrency),
-                                    "-n", f"faults-w{i + 1}@%h", "--without-mingle",
-                                    "--without-gossip"], env, log_dir)
-               for i in range(args.workers)]
+    beat, workers = celery_stack(env, log_dir, args.workers, args.concurrency, "faults")
     print(f"faults stripe: {args.runs} {args.agent} runs, seed {args.seed}, {args.workers} "
           f"workers x {args.concurrency}; {args.failures:.0%} of the provider's requests fail "
           f"(before: {'/'.join(args.before) or '-'}, after: {'/'.join(args.after) or '-'}; "

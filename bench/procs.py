@@ -76,6 +76,19 @@ class Worker:
 
 
 
+def celery_stack(env: dict[str, str], log_dir: Path, workers: int, concurrency: int,
+                 prefix: str) -> tuple[Worker, list[Worker]]:
+    """Beat (the sweeper) and ``workers`` Celery workers of ``concurrency`` processes each,
+    named ``<prefix>-wN``, not started yet."""
+    celery = [sys.executable, "-m", "celery", "-A", "stateguard_web"]
+    beat = Worker("beat", [*celery, "beat", "-l", "info", "-s", str(log_dir / "beat-schedule")],
+                  env, log_dir)
+    return beat, [Worker(f"w{i + 1}", [*celery, "worker", "-l", "info", "-c", str(concurrency),
+                                       "-n", f"{prefix}-w{i + 1}@%h", "--without-mingle",
+                                       "--without-gossip"], env, log_dir)
+                  for i in range(workers)]
+
+
 def stop(proc: subprocess.Popen[Any]) -> None:
     """SIGTERM, and SIGKILL if it has not ended 10 s later (a loaded machine: a report is not
     lost for it)."""

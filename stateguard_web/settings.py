@@ -175,9 +175,17 @@ DATABASES["default"].setdefault("CONN_MAX_AGE", 0)
 # PostgreSQL ~7 ms of CPU, more than the API's queries (P6, docs/benchmarks.md). 0: no pool.
 # Workers keep their own connection instead (stateguard_web.celery).
 DATABASE_POOL = env.int("DATABASE_POOL", default=0)
+# Seconds a request waits for a pooled connection before it is answered 503 (PostgreSQL down or
+# every connection busy); psycopg's default, 30, holds a web process that long per request.
+DATABASE_POOL_TIMEOUT = env.float("DATABASE_POOL_TIMEOUT", default=5.0)
 if DATABASE_POOL and DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": DATABASE_POOL, "max_size": DATABASE_POOL}
+        "min_size": DATABASE_POOL, "max_size": DATABASE_POOL, "timeout": DATABASE_POOL_TIMEOUT}
+# A connection kept from an earlier request (or lent by the pool: Django then has psycopg try
+# it first) is checked before use: after a PostgreSQL restart every kept one is dead, and each
+# would otherwise fail one request (issue 22 §3, docs/reliability.md). One round trip, only for
+# a connection that has been idle.
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     # Queries go to PostgreSQL with their values apart (server-side binding; Django binds
     # client-side unless asked), so a query's text is the same whatever its values, and
@@ -271,6 +279,11 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A worker whose broker goes away (Redis restarting) connects again, however long it takes:
+# Celery's default gives up after 100 attempts (about 50 minutes at its 30 s cap) and the worker
+# exits. Its runs are safe meanwhile (their leases, the sweeper); its consuming is not.
+CELERY_BROKER_CONNECTION_RETRY = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_TIMEZONE = TIME_ZONE
 # Two queues. New runs wait in Celery's default one, "celery", however many there are; what
 # keeps runs going or what a person waits for goes to "stateguard.ops": the sweeps, recovery of

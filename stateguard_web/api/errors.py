@@ -15,6 +15,11 @@
  422   ``invalid``             a batch's selection: empty, too large, unknown runs
  429   ``throttled``           too many failed API keys from the address (or wrong
                                secrets for the key): ``Retry-After`` says for how long
+ 503   ``unavailable``         the database cannot be reached (restarting, failing
+                               over) or gave up on the query: nothing was stored (a
+                               connection lost in the commit itself may have stored
+                               it: send an ``Idempotency-Key`` to retry safely);
+                               ``Retry-After`` says when to try again
  500   ``internal_error``      a bug: logged with its traceback, never shown
 =====  ======================  ====================================================
 
@@ -32,6 +37,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist, PermissionDenied, RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse
 from ninja import NinjaAPI, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
@@ -48,6 +54,9 @@ logger = logging.getLogger("stateguard_web.api")
 
 # How deep a body may nest: agents' inputs are shallow; a deep one is an attack on a parser.
 MAX_DEPTH = 32
+# Seconds a client waits before trying again when the database is unreachable: about what a
+# PostgreSQL restart takes (issue 22 §3, docs/reliability.md).
+DATABASE_RETRY_AFTER = 5
 
 
 class FieldError(Schema):
@@ -201,6 +210,19 @@ def install(api: NinjaAPI) -> None:
         response = _error(api, request, 429, "throttled", str(exc))
         response["Retry-After"] = str(exc.retry_after)
         return response
+
+    def unavailable(request: HttpRequest, exc: Exception) -> HttpResponse:
+        # A service's writes are one transaction: a connection lost midway rolled them back,
+        # so the client may send the request again. Not a bug: no traceback.
+        logger.warning("API %s %s: the database is unavailable: %s", request.method,
+                       request.path, str(exc).strip()[:300])
+        response = _error(api, request, 503, "unavailable",
+                          "the database is unavailable; nothing was stored: try again shortly")
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER)
+        return response
+
+    for down in (OperationalError, InterfaceError):
+        api.add_exception_handler(down, unavailable)
 
     @on(PermissionDenied)
     def denied(request: HttpRequest, exc: Exception) -> HttpResponse:

@@ -17,15 +17,22 @@ autobahn (Daphne's websocket layer) refuses them from an application with an exc
 Daphne logs with a traceback and turns into 1011 for the client. A frame over Daphne's own
 limit (``--websocket-max-message-size``, 1 MiB by default) never reaches the consumer:
 autobahn drops the connection without a close frame (the browser reports 1006).
+
+When the channel layer's Redis goes away (a restart loses every group with its data), the
+socket is closed with 4013 ("try again later"), not left to crash into Daphne's 1011 and a
+traceback: the page connects again with backoff, joins its group on the Redis that is back,
+and re-reads itself, so it misses nothing (issue 22 §2).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from abc import ABC, abstractmethod
 from typing import Any
 
+import redis
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -35,15 +42,26 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.sagas.events import ALL_RUNS_GROUP, batch_group, run_group
 from stateguard_web.sagas.models import Batch, Run
 
+logger = logging.getLogger("stateguard_web.dashboard")
 MAX_FRAME = 1024
-# 4000 + the protocol's code for the same reason (1003 unsupported data, 1009 too big).
-CLOSE_UNSUPPORTED, CLOSE_TOO_BIG = 4003, 4009
+# 4000 + the protocol's code for the same reason (1003 unsupported data, 1009 too big, 1013
+# try again later).
+CLOSE_UNSUPPORTED, CLOSE_TOO_BIG, CLOSE_TRY_AGAIN = 4003, 4009, 4013
 _FORWARDED = frozenset({"run.events", "batch.events"})  # the publisher's batches
 _REMEMBERED = 10_000  # run codes a submitter's list socket remembers as its own or not
 
 
 class _LiveConsumer(AsyncJsonWebsocketConsumer, ABC):  # type: ignore[misc]
     group: str | None = None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except redis.RedisError as exc:  # the channel layer's Redis: see the docstring
+            logger.warning("websocket %s closed: the channel layer is unreachable (%s)",
+                           scope.get("path"), exc)
+            # Before the handshake was accepted (joining the group failed), this refuses it.
+            await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN})
 
     @abstractmethod
     async def authorize(self) -> str | None:

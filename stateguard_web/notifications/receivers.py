@@ -7,6 +7,7 @@ from typing import Any
 
 from stateguard_web.notifications import tasks
 from stateguard_web.notifications.services import EVENTS, enabled
+from stateguard_web.runs import queue
 from stateguard_web.sagas.models import Approval, Notification, Run
 
 logger = logging.getLogger("stateguard.notifications")
@@ -30,6 +31,9 @@ def run_status_changed(sender: Any = None, *, run_code: str, status: str, **_: A
             request = Run.objects.filter(code=run_code).values_list("request", flat=True).first()
             keys = [f"needs_attention:{(request or {}).get('id') or 'auto'}"]
         for key in keys:
-            tasks.notification_send.delay_on_commit(str(run_code), str(event), key)
+            # Not Celery's delay_on_commit: a broker down at the commit would raise into the
+            # worker's saga (issue 22 §2).
+            queue.send_on_commit(tasks.notification_send, str(run_code), str(event), key,
+                                 lost="this notification is not sent")
     except Exception:
         logger.exception("could not queue the notification of run %s (%s)", run_code, status)

@@ -23,7 +23,7 @@ from stateguard.exceptions import ConfigurationError, InvalidRunState
 from stateguard.lifecycle import Action
 from stateguard.records import RETRYABLE_COMPENSATIONS
 from stateguard.stops import THEN, StopRequest
-from stateguard_web.runs import runtime, selectors, tasks, versions
+from stateguard_web.runs import queue, runtime, selectors, tasks, versions
 from stateguard_web.sagas import events, signals
 from stateguard_web.sagas.journal import leases
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run
@@ -138,7 +138,7 @@ def run_submit(*, agent: str, input: dict[str, Any] | str, by: By = None,
         run.replayed = True
         return run
     # Once the rows are committed: at once, or when the caller's transaction commits.
-    tasks.run_execute.delay_on_commit(run.pk)
+    queue.send_on_commit(tasks.run_execute, run.pk)
     events.publish_change(run.code, "run.submitted", agent=agent, status=run.status)
     return run
 
@@ -197,7 +197,7 @@ def _request(run: Run, by: By, action: Action, **details: Any) -> None:
     run.request = {"id": uuid.uuid4().hex, "action": str(action), "by": _actor(by), **details}
     run.requested_at = timezone.now()
     run.save(update_fields=["request", "requested_at"])
-    tasks.run_request.delay_on_commit(run.pk, run.request["id"])
+    queue.send_on_commit(tasks.run_request, run.pk, run.request["id"])
     events.publish_change(run.code, "run.request", action=str(action), by=run.request["by"])
 
 

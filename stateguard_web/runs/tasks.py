@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from celery import Task, shared_task
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import Exists, F, OuterRef, Q, QuerySet, Subquery
 
 from stateguard import InvalidRunState, RunLocked, SagaAborted
@@ -39,6 +39,14 @@ logger = logging.getLogger("stateguard.tasks")
 _ACTION_RETRY = {"countdown": 2, "max_retries": 60}  # two minutes of a busy run
 NAMES = "stateguard_web.sagas.tasks"  # see the module's docstring
 GuardAction = Callable[[Any, Any, dict[str, Any], Run], Any]
+# The database out of reach (PostgreSQL restarting): the task is sent again after 2, 4, 8 ...
+# up to 30 s (jittered) instead of being acknowledged as failed, which left a run pending until
+# the sweeper found it had no message (six leases), or an operator's request waiting a lease.
+# Safe: each task re-reads the run and acts under its lease, so a run it had already started
+# (and lost with the connection) is not started again: its lease goes to recovery (issue 22 §3).
+_DATABASE_DOWN: dict[str, Any] = {
+    "autoretry_for": (OperationalError, InterfaceError), "retry_backoff": 2,
+    "retry_backoff_max": 30, "retry_jitter": True, "max_retries": 20}
 
 
 def _with_guard(run: int | Run, action: GuardAction, task: Task | None = None, *,
@@ -149,7 +157,7 @@ def _refused(run: Run, request: str, by: str, reason: str) -> None:
     logger.warning("run %s: %s refused: %s", run.code, request, reason)
 
 
-@shared_task(acks_late=True, name=f"{NAMES}.run_execute")
+@shared_task(acks_late=True, name=f"{NAMES}.run_execute", **_DATABASE_DOWN)
 def run_execute(run_pk: int) -> None:
     # Only a pending run starts: a duplicate delivery, or a delivery after the run finished,
     # must not start the graph again from its input (that would repeat every effect). The guard
@@ -168,7 +176,7 @@ def run_execute(run_pk: int) -> None:
     _with_guard(run, lambda guard, graph, config, run: guard.invoke(graph, run.input, config))
 
 
-@shared_task(acks_late=True, bind=True, name=f"{NAMES}.run_request")
+@shared_task(acks_late=True, bind=True, name=f"{NAMES}.run_request", **_DATABASE_DOWN)
 def run_request(self: Task, run_pk: int, request_id: str) -> None:
     """Carry out the operator's request left on the run (``services._request``): approve or
     reject (the service decided the approval), retry (from an earlier step too), compensate,
@@ -219,7 +227,7 @@ def run_request(self: Task, run_pk: int, request_id: str) -> None:
         events.publish_change(run.code, "run.request", action=None, done=action, by=by)
 
 
-@shared_task(acks_late=True, name=f"{NAMES}.run_recover")
+@shared_task(acks_late=True, name=f"{NAMES}.run_recover", **_DATABASE_DOWN)
 def run_recover(run_pk: int) -> None:
     """Take over a run whose worker died: unwind it or resume it, per the agent's policy.
 
@@ -239,7 +247,7 @@ def run_recover(run_pk: int) -> None:
     _with_guard(run_pk, recover)
 
 
-@shared_task(acks_late=True, name=f"{NAMES}.run_retry_compensations")
+@shared_task(acks_late=True, name=f"{NAMES}.run_retry_compensations", **_DATABASE_DOWN)
 def run_retry_compensations(run_pk: int) -> None:
     """The next round of a compensating run's waiting compensations, now that it is due
     (``RetryLater``; handed over by the sweeper): the core's recovery runs it, under the run's

@@ -27,7 +27,8 @@ def test_it_gives_each_web_process_a_pool_of_the_size_asked(manage_py: ManagePy)
 
     with ThreadPoolExecutor(2) as pool:  # two Django start-ups at once: seconds each
         four, none = pool.map(option, ["4", "0"])
-    assert four == "{'min_size': 4, 'max_size': 4}"
+    # A request waits 5 s at most for a connection (then 503: the API's error map).
+    assert four == "{'min_size': 4, 'max_size': 4, 'timeout': 5.0}"
     assert none == "None"
 
 

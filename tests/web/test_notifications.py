@@ -26,7 +26,7 @@ from django.utils import timezone
 from stateguard.records import RunStatus
 from stateguard_web.notifications import services as notifications
 from stateguard_web.notifications import tasks as notification_tasks
-from stateguard_web.runs import runtime, services, tasks
+from stateguard_web.runs import queue, runtime, services, tasks
 from stateguard_web.sagas.models import Notification, Run
 from tests.web.api.world import make_user
 from tests.web.conftest import Workers, wait_for
@@ -75,8 +75,15 @@ def hook() -> Iterator[Hook]:
 def queued() -> Iterator[list[tuple[str, ...]]]:
     """The notification tasks queued (their arguments), to run here as a worker would."""
     calls: list[tuple[str, ...]] = []
-    with mock.patch.object(notification_tasks.notification_send, "delay_on_commit",
-                           side_effect=lambda *args: calls.append(args)):
+    send = queue.send_on_commit
+
+    def sent(task: Any, *args: Any, **kwargs: Any) -> None:
+        if task is notification_tasks.notification_send:
+            calls.append(args)
+        else:
+            send(task, *args, **kwargs)
+
+    with mock.patch.object(queue, "send_on_commit", side_effect=sent):
         yield calls
 
 

@@ -14,15 +14,21 @@ from django.core.management import CommandError, call_command
 from django.test import TestCase
 from django.utils import timezone
 
-from stateguard_web.runs import services
+from stateguard_web.runs import queue, services
 from stateguard_web.sagas.models import Approval, AuditEvent, Compensation, Run, Step
 
 
 def after_commit(callbacks: list[Callable[[], Any]]) -> list[str]:
-    """What a service left for after its commit: a task's name, or "live update" (the
-    dashboard's, sagas.events.publish_change)."""
-    return [c.func.__self__.name.rsplit(".", 1)[-1] if isinstance(c, functools.partial)
-            else "live update" for c in callbacks]
+    """What a service left for after its commit: a task's name (Celery's ``delay_on_commit``,
+    or ``runs.queue.send_on_commit``), or "live update" (the dashboard's,
+    sagas.events.publish_change)."""
+    def name(c: Callable[[], Any]) -> str:
+        if not isinstance(c, functools.partial):
+            return "live update"
+        task = c.args[0] if c.func is queue.send else c.func.__self__
+        return str(task.name).rsplit(".", 1)[-1]
+
+    return [name(c) for c in callbacks]
 
 
 class SubmitTests(TestCase):
