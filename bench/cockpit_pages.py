@@ -416,6 +416,7 @@ def main() -> None:
             for r in range(args.live_rounds):
                 mark = p5_ws.cpu_mark(daphne, worker)
                 web_cpu, logged = p5_ws._tree_cpu(web), log.stat().st_size
+                rig_cpu = p5_ws._tree_cpu(pages_proc)  # the browsers' work, on this machine
                 out = live_round(conn, args.live_runs, args.rate)
                 used = p5_ws.cpu_used(mark, daphne, worker)
                 figures = live_figures(out, p5_ws.read_commits(commits_dir))
@@ -425,7 +426,8 @@ def main() -> None:
                       f"re-reads ({figures['failed']} failed), delivery p95 "
                       f"{p5_ws.pct(figures['delivery'], 95):.0f} ms, machine busy "
                       f"{used['busy']:.0%}, Daphne {used['daphne']:.1f} s CPU, gunicorn "
-                      f"{p5_ws._tree_cpu(web) - web_cpu:.1f} s, load average "
+                      f"{p5_ws._tree_cpu(web) - web_cpu:.1f} s, the pages' process "
+                      f"{p5_ws._tree_cpu(pages_proc) - rig_cpu:.1f} s, load average "
                       f"{os.getloadavg()[0]:.1f}", flush=True)
             conn.send("exit")
             pages_proc.join(20)
