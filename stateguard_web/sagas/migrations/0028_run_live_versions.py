@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sagas', '0026_agent_versions'),
+        ('sagas', '0027_run_list_sorts'),
     ]
 
     operations = [
