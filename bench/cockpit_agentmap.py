@@ -55,6 +55,7 @@ os.environ.update({
 sys.path.insert(0, str(ROOT))
 
 from bench import databases  # noqa: E402
+from bench.cockpit import pct  # noqa: E402
 
 # Each agent's nodes in the order its steps run (a travel run turns agent -> tools -> a tool),
 # and where a run that did not succeed stopped (the node's step, its tool call too).
@@ -86,14 +87,6 @@ PAGES = {
     "runs at a node, 7d": "/?agent=travel&node=reserve_hotel&range=7d",
     "runs failed at a node, 7d": "/?agent=travel&node=reserve_hotel&range=7d&what=failed",
 }
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    k = (len(values) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 def _array(values: list[str]) -> str:

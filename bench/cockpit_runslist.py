@@ -10,15 +10,15 @@ compensated, the rest failed, needing attention, paused, pending or running), ea
 to minutes after), finished (for an outcome) and updated. Then VACUUM ANALYZE (what autovacuum
 does in production; this machine's PostgreSQL has it off). The paused runs wait for an
 approval each, and the checkout runs that succeeded had one, decided: the navigation counts
-them on every page (``cockpit_incidents.APPROVALS``).
+them on every page (``cockpit.APPROVALS``).
 
 Each view is asked for as an operator through Django's test client (the server's time, no
 network), ``--rounds`` rounds of ``--requests`` requests per view, interleaved, with the plan
 of every query (EXPLAIN (ANALYZE, BUFFERS)) and the ``sagas_`` tables a plan reads by a
-sequential scan named (``cockpit_incidents.measure``); the floor is a trivial JSON view behind
+sequential scan named (``cockpit.measure``); the floor is a trivial JSON view behind
 the same middleware. Then ``--exports`` CSV exports of ``STATEGUARD_RUNS_CSV_MAX_ROWS`` rows
 (the default, 10 000), read to their last byte. Last, what the index on ``updated_at``
-(migration 0026) costs each journal write, which sets it (``index_cost``).
+(migration 0027) costs each journal write, which sets it (``index_cost``).
 
 Uses its own database ``stateguard_cockpit_runslist`` (dropped and created) and Redis database
 7. Results: docs/benchmarks.md ("Runs list").
@@ -36,9 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 # cockpit_incidents sets its own database on import: this bench's is set after it.
 from bench import databases  # noqa: E402
-from bench.cockpit_incidents import (  # noqa: E402
+from bench.cockpit import (  # noqa: E402
     APPROVALS,
-    ENV,
     arguments,
     measure,
     operator_after,
@@ -46,6 +45,7 @@ from bench.cockpit_incidents import (  # noqa: E402
     report,
     timed,
 )
+from bench.cockpit_incidents import ENV  # noqa: E402
 
 DB_NAME = "stateguard_cockpit_runslist"
 os.environ.update({**ENV, "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
@@ -107,11 +107,11 @@ def load(runs: int, steps: int) -> dict[str, float]:
         **APPROVALS,
         "vacuum analyze": "VACUUM ANALYZE",
     }
-    return timed(statements, DB_NAME)
+    return timed(statements, f"postgresql://postgres@127.0.0.1:5432/{DB_NAME}")
 
 
 def index_cost(n: int, rounds: int = 5) -> dict[bool, tuple[float, float]]:
-    """What the runs list's indexes on ``updated_at`` (migration 0026) cost the journal: µs
+    """What the runs list's indexes on ``updated_at`` (migration 0027) cost the journal: µs
     per run of an UPDATE of ``n`` runs' ``updated_at`` (each journal write sets it:
     ``DjangoJournal._write``), and the share of those updates PostgreSQL made in place (HOT),
     with the indexes and without, interleaved, best of ``rounds``. The indexes are dropped
@@ -197,7 +197,7 @@ def main() -> None:
           f"p50 {p50:.0f} ms, p95 {p95:.0f} ms")
     cost = index_cost(args.index_runs)
     print(f"\nan UPDATE of updated_at of {args.index_runs} runs, us per run (best of "
-          f"5), in place (HOT): with the indexes of migration 0026 {cost[True][0]:.1f} us, "
+          f"5), in place (HOT): with the indexes of migration 0027 {cost[True][0]:.1f} us, "
           f"{cost[True][1]:.0%} HOT; without {cost[False][0]:.1f} us, {cost[False][1]:.0%} HOT")
 
 

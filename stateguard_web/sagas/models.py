@@ -169,6 +169,13 @@ class Run(models.Model):
             # and stay in place.
             models.Index(fields=["-updated_at"], name="sagas_run_updated"),
             models.Index(OrderBy(run_duration(), descending=True), name="sagas_run_duration"),
+            # An agent's map, its versions (runs.versions.live_counts): the runs not finished
+            # on each, one GROUP BY over this index alone. The finished runs (nearly all) are
+            # not in it; without it the map read the whole table (bench/cockpit_pages.py).
+            models.Index(fields=["agent", "agent_version", "graph_digest"],
+                         name="sagas_run_live_versions",
+                         condition=~Q(status__in=sorted(s.value for s in lifecycle.FINISHED))
+                         & Q(graph_digest__isnull=False)),
             # The sweeper finds live runs through the status index (they are few). No index on
             # the lease columns: taking and renewing a lease then updates the row in place
             # (HOT, with the free space migration 0005 leaves in each page).
