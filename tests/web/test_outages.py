@@ -30,19 +30,20 @@ from stateguard_web.dashboard.consumers import CLOSE_TRY_AGAIN
 from stateguard_web.runs import queue, services, tasks
 from stateguard_web.sagas.events import ALL_RUNS_GROUP
 from stateguard_web.sagas.models import Run
+from tests.conftest import _free_port
 from tests.private_servers import PrivatePostgres, PrivateRedis
 from tests.web.conftest import Server, Workers, serve, wait_for
 from tests.web.dashboard import test_consumers
 from tests.web.dashboard.test_consumers import batch, socket
 
 world = test_consumers.world  # the live pages' users and runs (a fixture)
-REDIS_PORT, POSTGRES_PORT = 6393, 5443  # this suite's own (never the shared 6379 and 5432)
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(REDIS_PORT, tmp_path / "redis.log")
+    # A free port, never a fixed one: pytest-xdist's workers may each start one at once.
+    server = PrivateRedis(_free_port(), tmp_path / "redis.log")
     server.start()
     yield server
     server.close()
@@ -52,7 +53,7 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 def private_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivatePostgres]:
     """A migrated database ``outages`` on a PostgreSQL of its own, for the whole session
     (migrating takes seconds)."""
-    server = PrivatePostgres(POSTGRES_PORT, tmp_path_factory.mktemp("pg") / "postgres.log")
+    server = PrivatePostgres(_free_port(), tmp_path_factory.mktemp("pg") / "postgres.log")
     server.start()
     try:
         server.create("outages")
