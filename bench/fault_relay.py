@@ -14,6 +14,8 @@ fault       when    what the caller sees
                     seconds (the caller's timeout fires first), then dropped
 =========== ======= ===================================================================
 
+``SmtpFaultRelay`` does the same for an SMTP server, a message at a time (its docstring).
+
 Which request gets which fault is ``choose(kind)``'s to say (``None``: forward it), called
 under a lock in the order the requests arrive; ``kind`` is the request line with its ids
 folded (``POST /v1/refunds``, ``GET /v1/charges/{id}``) and, for AWS's query protocol, the
