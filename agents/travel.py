@@ -15,6 +15,9 @@ the tools' names:
   The apology is ``in_doubt_safe``: for a call that raised or died mid-send it asks the
   server's folder, where it can (``make run``), whether the confirmation was accepted, and
   apologises only then; where it cannot tell, it apologises (docs/deploy.md, "E-mail").
+  ``send_confirmation`` is a retriable step: a send refused for now, cut or timed out is sent
+  again, the same message, after asking the folder where it can (``agents.mail``), so a trip
+  is unwound by its e-mail only once the attempts are spent.
 
 Each compensation is ``in_doubt_safe``: a call that raised after its effect (Stripe charged, then
 the answer was lost) or whose process died inside it saved no result, so the compensation looks
