@@ -25,6 +25,11 @@ Usage::
     if mailer.accepted(message_id) is not True:
         mailer.send(message)
     record_effect(Effect("smtp", "email", message_id, idempotency_key=effect_key()))
+
+A send that failed for now (``mail_unsure``) is tried again, as the same message: the step is
+``Retriable(MAIL_STEP_RETRY)``, and each attempt asks ``accepted`` first. Where that cannot be
+answered, an attempt after a lost ``250`` hands the server a second copy under the same
+``Message-ID`` (docs/deploy.md, "E-mail": at least once, never two different messages).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from email.utils import formatdate, parseaddr
 from pathlib import Path
 
 from agents.mailbox import MailFolder
-from stateguard import ConfigurationError
+from stateguard import CompensationRetry, ConfigurationError
 
 RUN_HEADER = "X-StateGuard-Run"  # the run that sent it: the Outbox links the message to it
 _KEY = re.compile(r"^[A-Za-z0-9._-]{1,100}$")  # an idempotency key as StateGuard makes them
@@ -81,6 +86,27 @@ def domain_of(address: str) -> str:
     _, addr = parseaddr(address)
     local, at, domain = addr.rpartition("@")
     return domain if at and local and re.fullmatch(r"[A-Za-z0-9.-]+", domain) else ""
+
+
+def mail_unsure(exc: BaseException) -> bool:
+    """Whether a send failed in a way another attempt may mend: the server out of reach, the
+    connection cut or timed out (before the message's end, or after it: in doubt), or a
+    refusal for now (a 4xx reply, for a recipient too). Not a refusal for good (a 5xx) nor a
+    message that cannot be made (``ValueError``: not an address)."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return any(code < 500 for code, _ in exc.recipients.values())
+    if isinstance(exc, smtplib.SMTPResponseException):
+        return exc.smtp_code < 500
+    if isinstance(exc, smtplib.SMTPServerDisconnected):
+        return True
+    # SMTPException is an OSError too: the rest of them (no such extension...) stay.
+    return isinstance(exc, OSError) and not isinstance(exc, smtplib.SMTPException)
+
+
+# How a step whose send failed for now is run again: about 10 s of attempts (with the server's
+# timeout, more), each starting with ``Mailer.accepted`` where the server can be asked.
+MAIL_STEP_RETRY = CompensationRetry(attempts=6, initial=0.5, cap=4.0,
+                                    permanent=lambda exc: not mail_unsure(exc))
 
 
 class Mailer:

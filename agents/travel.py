@@ -15,6 +15,9 @@ the tools' names:
   The apology is ``in_doubt_safe``: for a call that raised or died mid-send it asks the
   server's folder, where it can (``make run``), whether the confirmation was accepted, and
   apologises only then; where it cannot tell, it apologises (docs/deploy.md, "E-mail").
+  ``send_confirmation`` is a retriable step: a send refused for now, cut or timed out is sent
+  again, the same message, after asking the folder where it can (``agents.mail``), so a trip
+  is unwound by its e-mail only once the attempts are spent.
 
 Each compensation is ``in_doubt_safe``: a call that raised after its effect (Stripe charged, then
 the answer was lost) or whose process died inside it saved no result, so the compensation looks
@@ -57,7 +60,7 @@ from langgraph.prebuilt.chat_agent_executor import AgentState
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 from pydantic import Field
 
-from agents.mail import Mailer
+from agents.mail import MAIL_STEP_RETRY, Mailer, mail_unsure
 from agents.registry import AgentInput, AgentSettings, AgentSpec, register
 from agents.stripe_support import REFUND_RETRY, stripe_client
 from stateguard import (
@@ -65,6 +68,7 @@ from stateguard import (
     ConfigurationError,
     Effect,
     ExceptionContext,
+    Retriable,
     effect_key,
     record_effect,
     tool_calls,
@@ -360,8 +364,7 @@ class Travel:
                           "it is cancelled, and whatever you were charged for it is refunded.\n"
                           "If you received our confirmation, it no longer holds. We are sorry.")))
             except (ValueError, smtplib.SMTPRecipientsRefused) as exc:
-                refused = getattr(exc, "recipients", {})
-                if any(code < 500 for code, _ in refused.values()):
+                if mail_unsure(exc):
                     raise  # refused for now (4xx): try again
                 # Not an address, or refused for good: the confirmation reached it no more.
                 logger.warning("run %s: no apology to %r: %s", ctx.run_id, to, exc)
@@ -427,5 +430,8 @@ def spec(settings: AgentSettings) -> AgentSpec:
                        "reserve_hotel": Compensation(travel.cancel, in_doubt_safe=True),
                        "send_confirmation": Compensation(travel.apologise, in_doubt_safe=True)},
         approvals={"charge_card": lambda args: int(args.get("amount", 0)) > 100_00},
+        # A send refused for now, cut or timed out is sent again, as the same message; each
+        # attempt first asks the server whether it has it, where it can (agents/mail.py).
+        kinds={"send_confirmation": Retriable(MAIL_STEP_RETRY)},
         description="An AI agent: charge the card, hold a hotel room, e-mail the confirmation; "
                     "each tool call a step, refunded if the room cannot be held.")

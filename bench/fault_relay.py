@@ -14,6 +14,8 @@ fault       when    what the caller sees
                     seconds (the caller's timeout fires first), then dropped
 =========== ======= ===================================================================
 
+``SmtpFaultRelay`` does the same for an SMTP server, a message at a time (its docstring).
+
 Which request gets which fault is ``choose(kind)``'s to say (``None``: forward it), called
 under a lock in the order the requests arrive; ``kind`` is the request line with its ids
 folded (``POST /v1/refunds``, ``GET /v1/charges/{id}``) and, for AWS's query protocol, the
@@ -23,6 +25,7 @@ action (``POST / RunInstances``). ``counts`` counts every kind, and every kind w
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 import re
 import socket
@@ -30,6 +33,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import parse_qs
 
 from tests.core.lossy_relay import LossyRelay, _read_message
@@ -116,8 +120,7 @@ class FaultRelay(LossyRelay):
             self.listener.shutdown(socket.SHUT_RDWR)  # or a thread blocked in accept() stays
         super().close()
 
-    def _fault(self, request: bytes) -> str | None:
-        kind = kind_of(request)
+    def _fault(self, kind: str) -> str | None:
         with self.lock:
             self.counts[kind] += 1
             fault = self.choose(kind)
@@ -128,7 +131,7 @@ class FaultRelay(LossyRelay):
     def _serve(self, client: socket.socket) -> None:
         with client, contextlib.suppress(OSError):
             while request := _read_message(client):
-                fault = self._fault(request)
+                fault = self._fault(kind_of(request))
                 if fault == "500":
                     client.sendall(self.failed)
                     return
@@ -165,3 +168,78 @@ def share_of(rate: float, rng: random.Random, before: tuple[str, ...],
 
     return choose
 
+
+
+# SMTP's faults: refused for now before the server has the message (a ``451`` to one of MAIL,
+# RCPT and DATA, in turn; a ``421`` there and the connection closed; the message held, never
+# forwarded, past the client's timeout), or lost after it kept it (``cut``, ``late``, as above).
+SMTP_BEFORE = ("451", "421", "timeout")
+SMTP_STAGES = (b"MAIL", b"RCPT", b"DATA")
+
+
+class SmtpFaultRelay(FaultRelay):
+    """Relays SMTP sessions to the server at ``target`` (``smtp://host:port``), one command
+    at a time (smtplib does not pipeline); ``choose("message")``, asked at each ``MAIL``,
+    names the fault of that message (``SMTP_BEFORE``, ``AFTER``). ``counts`` counts the
+    messages and each fault by where it struck: ``message 451``, and for the faults at the
+    message's end ``confirmation timeout``, ``apology cut`` (an apology replies to one)."""
+
+    def __init__(self, target: str, choose: Callable[[str], str | None], *,
+                 hang: float = 10.0) -> None:
+        super().__init__(target, choose, hang=hang)
+        self.port = self.listener.getsockname()[1]
+        self._stages = itertools.cycle(SMTP_STAGES)
+
+    def _struck(self, kind: str, fault: str) -> None:
+        with self.lock:
+            self.counts[f"{kind} {fault}"] += 1
+
+    def _serve(self, client: socket.socket) -> None:
+        with client, contextlib.suppress(OSError), \
+                socket.create_connection(self.target) as upstream:
+            from_client, from_server = client.makefile("rb"), upstream.makefile("rb")
+            client.sendall(smtp_reply(from_server))  # the greeting
+            fault, stage = None, b""
+            while line := from_client.readline():
+                verb = line[:4].upper()
+                if verb == b"MAIL":
+                    with self.lock:
+                        self.counts["message"] += 1
+                        fault = self.choose("message")
+                        stage = next(self._stages)
+                if fault in ("451", "421") and verb == stage:
+                    self._struck("message", fault)
+                    client.sendall(f"{fault} 4.3.0 {INJECTED}\r\n".encode())
+                    if fault == "421":
+                        return  # the server closes the session
+                    continue  # refused: the server never heard of it
+                upstream.sendall(line)
+                reply = smtp_reply(from_server)
+                if verb == b"DATA" and reply.startswith(b"354"):
+                    client.sendall(reply)
+                    data = b""
+                    while (text := from_client.readline()) and text != b".\r\n":
+                        data += text
+                    kind = "apology" if re.search(rb"(?im)^in-reply-to:", data) else \
+                        "confirmation"
+                    if fault == "timeout":
+                        self._struck(kind, fault)
+                        time.sleep(self.hang)
+                        return  # never forwarded: the client gave up, the server has nothing
+                    upstream.sendall(data + b".\r\n")
+                    reply = smtp_reply(from_server)
+                    if fault in AFTER:
+                        self._struck(kind, fault)
+                        time.sleep(self.hang if fault == "late" else 0)
+                        return  # the server kept it; its 250 is lost on the way back
+                client.sendall(reply)
+
+
+def smtp_reply(server: Any) -> bytes:
+    """One SMTP reply, all its lines (``250-...`` continue it, ``250 ...`` ends it)."""
+    reply = b""
+    while line := server.readline():
+        reply += line
+        if line[3:4] != b"-":
+            break
+    return reply

@@ -3,6 +3,7 @@ every request to the provider, and what must be zero is counted from the provide
 
     .venv/bin/python bench/faults.py --fault stripe [--runs 100] [--seed 1] [--failures 0.3]
     .venv/bin/python bench/faults.py --fault stripe --agent provision [--runs 40]
+    .venv/bin/python bench/faults.py --fault smtp [--runs 60] [--folder hidden|readable]
 
 Everything it uses is its own, started here and stopped at the end: the provider's stand-in
 (localstripe for ``checkout``, moto's server for ``provision``) behind a ``FaultRelay``
@@ -33,6 +34,17 @@ they unwind. Counted through boto3 from moto's own resources, by their ``stategu
 orphans (a live instance, address, group or record of a run that did not succeed), duplicates
 (two live instances or addresses of one run), succeeded runs missing a part, runs not finished.
 
+``travel`` (``--fault smtp``, ``bench/faults_smtp.py``): ``--runs`` trips on localstripe (no
+fault there) whose confirmation goes through an ``SmtpFaultRelay`` in front of ``make run``'s
+SMTP server, failing its messages (``--before``: ``451``, ``421``, ``timeout``); half of them
+(``--fail-share``) undone by an operator once booked (refund, room, apology). Counted at the
+server's folder (``chaos_world.count_mail``), at Stripe (as checkout), the rooms, the trips
+unwound by a fault rather than by the operator; ``--folder`` says whether the agents can ask
+the folder what the server accepted (``readable``, ``make run``'s) or not (``hidden``, the
+default: a real mail server's, where a message sent again after a lost ``250`` is a copy
+under the same ``Message-ID``, reported apart, not counted as a failure). Its database is
+``stateguard_faults_smtp``.
+
 Exit status 1 when a count that must be 0 is not. Logs and ``report.json`` go to ``--log-dir``
 (default: a new folder under /tmp, printed).
 """
@@ -51,14 +63,26 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench import databases
-from bench.fault_relay import AFTER, BEFORE, FaultRelay, aws_error, failed_answer, share_of
+from bench import chaos_world, databases
+from bench.fault_relay import (
+    AFTER,
+    BEFORE,
+    SMTP_BEFORE,
+    FaultRelay,
+    SmtpFaultRelay,
+    aws_error,
+    failed_answer,
+    share_of,
+)
 from bench.procs import Worker, celery_stack, start_localstripe, start_moto, stop
 from bench.r1_chaos import DONE, MUST_BE_ZERO, count, log_errors, restart, settle
 
 DB_NAME = "stateguard_faults_stripe"
+SMTP_DB_NAME = "stateguard_faults_smtp"  # travel's, so that it runs beside the others
 STRIPE_KEY = "sk_test_faults"
 HELD = "charges held for an operator (run needs_attention)"
+# A booked trip unwound by a fault the agent should have outlived, not by its customer.
+UNWOUND_TRIPS = "trips unwound by a fault (not cancelled by an operator)"
 # A run held "failed" waits for an operator: it has stopped moving, but has not converged.
 SETTLED = (*DONE, "failed")
 
@@ -66,7 +90,8 @@ SETTLED = (*DONE, "failed")
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="faults.py --fault stripe",
                                      description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--agent", choices=["checkout", "provision"], default="checkout")
+    parser.add_argument("--agent", choices=["checkout", "provision", "travel"],
+                        default="checkout")
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=1.0, help="submissions per second")
@@ -74,14 +99,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=2, help="processes per worker")
     parser.add_argument("--failures", type=float, default=0.3,
                         help="share of the provider's requests that fail")
-    parser.add_argument("--before", default=",".join(BEFORE),
-                        help=f"faults before the provider, of {BEFORE} ('' for none)")
+    parser.add_argument("--before", default=None,
+                        help=f"faults before the provider, of {BEFORE} (travel's SMTP server: "
+                             f"{SMTP_BEFORE}; '' for none)")
     parser.add_argument("--after", default=",".join(AFTER),
                         help=f"faults after the provider acted, of {AFTER} ('' for none)")
     parser.add_argument("--hang", type=float, default=6.0,
                         help="seconds a timeout or a late answer is held")
     parser.add_argument("--client-timeout", type=float, default=4.0,
-                        help="the workers' STRIPE_TIMEOUT_SECONDS")
+                        help="the workers' STRIPE_TIMEOUT_SECONDS (travel: EMAIL_TIMEOUT)")
     parser.add_argument("--retries", type=int, default=None,
                         help="the workers' STRIPE_MAX_NETWORK_RETRIES (default: the settings')")
     parser.add_argument("--latency", type=float, default=0.05,
@@ -92,12 +118,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="share of the runs set to fail after their effects")
     parser.add_argument("--deadline", type=float, default=900.0,
                         help="seconds to wait for every run to settle, after the last one")
+    parser.add_argument("--folder", choices=["hidden", "readable"], default="hidden",
+                        help="travel: whether the agents can ask the SMTP server's folder what "
+                             "it accepted (make run's) or not (a real mail server's)")
     parser.add_argument("--redis-db", type=int, default=4)
     parser.add_argument("--log-dir", type=Path, default=None)
     args = parser.parse_args(argv)
+    before = SMTP_BEFORE if args.agent == "travel" else BEFORE
+    if args.before is None:
+        args.before = ",".join(before)
     for side in ("before", "after"):
         names = tuple(n for n in getattr(args, side).split(",") if n)
-        allowed = BEFORE if side == "before" else AFTER
+        allowed = before if side == "before" else AFTER
         if set(names) - set(allowed):
             parser.error(f"--{side}: {sorted(set(names) - set(allowed))} (of {allowed})")
         setattr(args, side, names)
@@ -110,11 +142,12 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # through the cleanup below
-    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix=f"faults-stripe-s{args.seed}-"))
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix=f"faults-{args.agent}-s{args.seed}-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    db_name = SMTP_DB_NAME if args.agent == "travel" else DB_NAME
     # Production settings (DEBUG off, no .env file) but for the compensations' waits.
     os.environ.update(
-        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{DB_NAME}",
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{db_name}",
         REDIS_URL=f"redis://127.0.0.1:6379/{args.redis_db}", DEBUG="false",
         SECRET_KEY="faults-" + "x" * 50, DJANGO_SETTINGS_MODULE="stateguard_web.settings",
         STATEGUARD_ENV_FILE="", STRIPE_API_KEY=STRIPE_KEY,
@@ -126,7 +159,24 @@ def main(argv: list[str]) -> int:
                    strict=True)))
     if args.retries is not None:
         os.environ["STRIPE_MAX_NETWORK_RETRIES"] = str(args.retries)
-    databases.recreate(DB_NAME)
+    rng = random.Random(args.seed)
+    choose = share_of(args.failures, random.Random(f"relay-{args.seed}"), args.before,
+                      args.after)
+    world = None
+    if args.agent == "travel":  # first: this process's settings name the mail server
+        provider, url = start_localstripe(log_dir)
+        world = chaos_world.start("travel", log_dir, 0.0)
+        assert world.mail is not None
+        smtp = SmtpFaultRelay(world.env["EMAIL_URL"], choose, hang=args.hang)
+        relayed = f"smtp://127.0.0.1:{smtp.port}"
+        if args.folder == "readable":  # the relay is the server the agents talk to
+            world.mail.declare_server("127.0.0.1", smtp.port)
+            world.env["EMAIL_URL"] = relayed
+        # This process reconciles with the server the folder names; the workers send through
+        # the relay.
+        os.environ.update(world.env, STRIPE_API_BASE=url,
+                          EMAIL_TIMEOUT=str(round(args.client_timeout)))
+    databases.recreate(db_name)
     import django
 
     django.setup()
@@ -134,10 +184,10 @@ def main(argv: list[str]) -> int:
     from django.conf import settings
 
     redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
-    rng = random.Random(args.seed)
-    choose = share_of(args.failures, random.Random(f"relay-{args.seed}"), args.before,
-                      args.after)
-    if args.agent == "checkout":
+    if args.agent == "travel":
+        relay: FaultRelay = smtp
+        env = {**os.environ, "EMAIL_URL": relayed}
+    elif args.agent == "checkout":
         provider, url = start_localstripe(log_dir)
         relay = FaultRelay(url, choose, latency=args.latency, hang=args.hang)
         env = {**os.environ, "STRIPE_API_BASE": relay.url}
@@ -148,7 +198,7 @@ def main(argv: list[str]) -> int:
         env = {**os.environ, "AWS_ENDPOINT_URL": relay.url, "AWS_ACCESS_KEY_ID": "testing",
                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1"}
     beat, workers = celery_stack(env, log_dir, args.workers, args.concurrency, "faults")
-    print(f"faults stripe: {args.runs} {args.agent} runs, seed {args.seed}, {args.workers} "
+    print(f"faults: {args.runs} {args.agent} runs, seed {args.seed}, {args.workers} "
           f"workers x {args.concurrency}; {args.failures:.0%} of the provider's requests fail "
           f"(before: {'/'.join(args.before) or '-'}, after: {'/'.join(args.after) or '-'}; "
           f"hang {args.hang:.0f} s, client timeout {args.client_timeout:.0f} s); "
@@ -168,6 +218,26 @@ def main(argv: list[str]) -> int:
             # the SDK sent again is made twice there (Stripe would answer the key once).
             report["stripe"]["customers"] = sum(
                 1 for _ in client.v1.customers.list(params={"limit": 100}).auto_paging_iter())
+        elif world is not None:  # travel: Stripe as for checkout, then the mailbox and rooms
+            import stripe
+
+            from stateguard_web.sagas.models import Run
+
+            client = stripe.StripeClient(STRIPE_KEY, base_addresses={"api": url})
+            agents = dict.fromkeys(codes, "travel")
+            report.update(count(client, codes, [], relay.counts, agents))
+            found = chaos_world.count(world, codes, agents)
+            problems = found.pop("problems")
+            if args.folder == "hidden":  # the reconciler's word for the copies: the rule's
+                drift = problems.pop("reconcile_effects: smtp drift", [])
+                problems["reconcile_effects: smtp drift"] = [
+                    line for line in drift if " times by the server" not in line]
+            problems[UNWOUND_TRIPS] = sorted(
+                f"{code} {status}" for code, status in Run.objects.filter(
+                    code__in=list(codes)).exclude(status="succeeded").values_list(
+                        "code", "status") if str(code) not in report["undone by an operator"])
+            report["problems"].update(problems)
+            report.update(world=found, folder=args.folder)
         else:
             report.update(count_aws(url, codes))
         report.update(held_runs(report))
@@ -177,6 +247,8 @@ def main(argv: list[str]) -> int:
         for w in [*workers, beat]:
             w.stop()
         relay.close()
+        if world is not None:
+            world.close()
         stop(provider)
     (log_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     bad = print_report(report)
@@ -193,6 +265,9 @@ def load(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: li
     if args.agent == "checkout":
         inputs = [{"email": f"faults-{i}@example.com", "amount": rng.randint(1_00, 100_00),
                    "fail_booking": i in failing} for i in range(args.runs)]
+    elif args.agent == "travel":  # the failing ones are undone once booked (undo_booked)
+        inputs = [{"email": f"faults-{i}@example.com", "destination": "Lisbon", "nights": 2,
+                   "amount": rng.randint(1_00, 100_00)} for i in range(args.runs)]
     else:
         inputs = [{"name": f"srv-{i}", **({"fail_at": "create_record"} if i in failing else {})}
                   for i in range(args.runs)]
@@ -212,16 +287,39 @@ def load(args: argparse.Namespace, rng: random.Random, beat: Worker, workers: li
     submitted = time.monotonic() - start
     print(f"submitted {len(codes)} runs in {submitted:.0f} s; waiting for every run to settle "
           f"(at most {args.deadline:.0f} s)", flush=True)
+    undone: set[str] = set()
+    if args.agent == "travel":
+        undone = undo_booked([c for i, c in enumerate(codes) if i in failing], workers,
+                             args.deadline)
     settle(list(codes), workers, start, args.deadline, SETTLED)
     return {"agent": args.agent, "seed": args.seed, "runs": args.runs,
             "failures": args.failures, "before": args.before, "after": args.after,
             "hang": args.hang, "client_timeout": args.client_timeout, "later": args.later,
             "retries": args.retries, "workers": args.workers, "concurrency": args.concurrency,
-            "submit_seconds": round(submitted),
+            "submit_seconds": round(submitted), "undone by an operator": sorted(undone),
             "total_seconds": round(time.monotonic() - start),
             "starts": {w.name: w.starts for w in workers},
             "exits not ours": {w.name: w.exits for w in [*workers, beat] if w.exits},
             "codes": codes}
+
+
+def undo_booked(codes: list[str], workers: list[Worker], deadline: float) -> set[str]:
+    """An operator's undo of each run of ``codes`` once it succeeded (the customer cancelled
+    the trip: refund, the room given back, the apology in reply to the confirmation); the runs
+    undone. A run that unwound by itself (its confirmation's attempts spent) is left as it is."""
+    from stateguard_web.runs import services
+    from stateguard_web.sagas.models import Run
+
+    left, until, undone = set(codes), time.monotonic() + deadline, set()
+    while left and time.monotonic() < until:
+        for run in Run.objects.filter(code__in=left, status__in=SETTLED):
+            left.discard(str(run.code))
+            if run.status == "succeeded":
+                services.run_compensate(run=run, by="faults", reason="the customer cancelled")
+                undone.add(str(run.code))
+        restart(workers, time.monotonic())
+        time.sleep(0.5)
+    return undone
 
 
 def journal_retries(codes: list[str]) -> dict[str, Any]:
@@ -336,7 +434,7 @@ def relay_summary(counts: dict[str, int]) -> tuple[int, Counter[str], list[str]]
     total = 0
     for key, n in counts.items():
         kind, _, fault = key.rpartition(" ")
-        if fault in (*BEFORE, *AFTER):
+        if fault in (*BEFORE, *SMTP_BEFORE, *AFTER):
             faults[fault] += n
             per_kind[kind][fault] += n
         else:
@@ -354,14 +452,26 @@ def print_report(report: dict[str, Any]) -> bool:
     bad = bool(report["exits not ours"])
     if bad:
         print(f"WORKERS EXITED BY THEMSELVES {report['exits not ours']}: see their logs")
-    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()))
+    print("outcomes: " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items())
+          + (f"; {len(report['undone by an operator'])} undone by an operator once booked"
+             if report["agent"] == "travel" else ""))
     total, faults, lines = relay_summary(report["relay"])
     print(f"relay: {total} requests, {sum(faults.values())} failed "
           f"({', '.join(f'{k} {v}' for k, v in faults.most_common())})"
           + "".join(f"\n  {line}" for line in lines))
-    if "stripe" in report:
+    names: tuple[str, ...]
+    if "world" in report:  # travel
         print("stripe: " + ", ".join(f"{k} {v}" for k, v in report["stripe"].items()))
-        names: tuple[str, ...] = (*MUST_BE_ZERO, HELD)
+        print("mail: " + ", ".join(f"{k} {v}" for k, v in report["world"]["mail"].items())
+              + f" (the agents' folder {report['folder']})")
+        names = (*MUST_BE_ZERO, HELD, UNWOUND_TRIPS, *chaos_world.MUST_BE_ZERO["travel"])
+        if report["folder"] == "hidden":  # the rule then: at least once, as the same message
+            names = tuple(n for n in names if n != chaos_world.COPIES)
+            print(f"{chaos_world.COPIES}, the rule where the server cannot be asked: "
+                  f"{len(report['problems'].get(chaos_world.COPIES, []))}")
+    elif "stripe" in report:
+        print("stripe: " + ", ".join(f"{k} {v}" for k, v in report["stripe"].items()))
+        names = (*MUST_BE_ZERO, HELD)
     else:
         print(f"aws: {report['aws']}")
         names = AWS_MUST_BE_ZERO

@@ -14,7 +14,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 
-from agents.mail import Mailer, MailSettings, domain_of
+from agents.mail import Mailer, MailSettings, domain_of, mail_unsure
 from agents.mailbox import MailFolder, digest_of
 from stateguard import ConfigurationError
 from tests.conftest import _free_port
@@ -120,6 +120,24 @@ def test_it_refuses_mail_settings_that_cannot_work(changes: dict[str, Any], erro
     good = {"host": "127.0.0.1", "port": 25, "from_email": "sg@shop.test", "timeout": 5}
     with pytest.raises(ConfigurationError, match=error):
         MailSettings(**{**good, **changes})
+
+
+@pytest.mark.parametrize(("exc", "unsure"), [
+    (smtplib.SMTPServerDisconnected("Connection unexpectedly closed: timed out"), True),
+    (ConnectionRefusedError(111, "Connection refused"), True),
+    (TimeoutError("timed out"), True),
+    (smtplib.SMTPSenderRefused(451, b"4.3.0 try later", "sg@shop.test"), True),
+    (smtplib.SMTPDataError(421, b"closing"), True),
+    (smtplib.SMTPRecipientsRefused({"a@x.test": (550, b"no"), "b@x.test": (450, b"busy")}),
+     True),
+    (smtplib.SMTPRecipientsRefused({"a@x.test": (550, b"no such user")}), False),
+    (smtplib.SMTPDataError(554, b"rejected"), False),
+    (smtplib.SMTPNotSupportedError("SMTPUTF8 not supported"), False),
+    (ValueError("not an address"), False),
+])
+def test_it_tells_a_send_that_may_succeed_later_from_one_refused_for_good(
+        exc: BaseException, unsure: bool) -> None:
+    assert mail_unsure(exc) is unsure
 
 
 def test_it_reads_the_domain_of_an_address() -> None:

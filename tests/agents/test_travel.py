@@ -4,6 +4,7 @@ it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,15 @@ from tests.conftest import STRIPE_TEST_KEY, flush_localstripe
 from tests.mail_server import MailServer
 
 
-def guarded(localstripe_url: str, sandbox: Path, mail: MailSettings
-            ) -> tuple[StateGuardCheckpointer, Any]:
+def guarded(localstripe_url: str, sandbox: Path, mail: MailSettings, *,
+            mail_retried: bool = True) -> tuple[StateGuardCheckpointer, Any]:
+    """The travel agent's guard and graph; ``mail_retried=False``: a confirmation that fails
+    is not sent again (as if its attempts were spent at once)."""
     spec = registry.get("travel", AgentSettings(stripe_api_key=STRIPE_TEST_KEY,
                                                 stripe_api_base=localstripe_url,
                                                 sandbox_dir=sandbox, mail=mail))
+    if not mail_retried:
+        spec = replace(spec, kinds={})
     guard = StateGuardCheckpointer(**spec.guard_kwargs())
     return guard, guard.compile(spec.build())
 

@@ -2,7 +2,10 @@
 confirmation and, when the trip is unwound, one apology in reply to it; a send whose answer
 was lost (the client timed out waiting for the server's ``250``) is in doubt, and the
 apology then asks the server's folder, or, where it cannot (a real mail server), apologises.
-The crash of a worker mid-send is in tests/web/test_travel_mail_crash.py."""
+A confirmation that fails for now (refused with a 4xx, cut, timed out) is sent again, as the
+same message, through a relay that fails it (``bench/fault_relay.py``); the tests of the
+apology's decision spend the confirmation's attempts at once (``mail_retried=False``). The crash
+of a worker mid-send is in tests/web/test_travel_mail_crash.py."""
 
 from __future__ import annotations
 
@@ -15,7 +18,9 @@ import pytest
 import stripe
 
 from agents import registry
+from agents.mail import MailSettings
 from agents.registry import AgentSettings
+from bench.fault_relay import SmtpFaultRelay
 from stateguard import CompensationStatus, ConfigurationError, RunStatus, SagaAborted
 from tests.agents.test_travel import guarded, trip
 from tests.conftest import STRIPE_TEST_KEY
@@ -83,7 +88,7 @@ def test_a_confirmation_whose_answer_was_lost_is_apologised_for_once(
         localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
         mail_server: MailServer) -> None:
     guard, graph = guarded(localstripe_url, tmp_path,
-                           replace(mail_server.settings(), timeout=LOST))
+                           replace(mail_server.settings(), timeout=LOST), mail_retried=False)
     config = {"configurable": {"thread_id": "trip-mail-3"}}
     mail_server.hold(b"Subject: Your trip", accepted=True)
 
@@ -105,7 +110,7 @@ def test_a_confirmation_the_server_never_accepted_is_not_apologised_for(
         localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
         mail_server: MailServer) -> None:
     guard, graph = guarded(localstripe_url, tmp_path,
-                           replace(mail_server.settings(), timeout=LOST))
+                           replace(mail_server.settings(), timeout=LOST), mail_retried=False)
     config = {"configurable": {"thread_id": "trip-mail-4"}}
     mail_server.hold(b"Subject: Your trip", accepted=False)  # then refused: never kept
 
@@ -125,7 +130,8 @@ def test_where_the_server_cannot_be_asked_a_send_in_doubt_is_apologised_for(
     # A real mail server keeps no folder this process can read: whether it accepted the
     # confirmation cannot be known, and the rule is to apologise (docs/deploy.md, "E-mail").
     guard, graph = guarded(localstripe_url, tmp_path,
-                           replace(mail_server.settings(), timeout=LOST, mail_dir=None))
+                           replace(mail_server.settings(), timeout=LOST, mail_dir=None),
+                           mail_retried=False)
     config = {"configurable": {"thread_id": f"trip-mail-5-{accepted}"}}
     mail_server.hold(b"Subject: Your trip", accepted=accepted)
 
@@ -142,6 +148,80 @@ def test_where_the_server_cannot_be_asked_a_send_in_doubt_is_apologised_for(
     # Not known to be sent, so not recorded as sent; the apology is, naming what it undoes.
     assert ledger(guard, config) == [(apology["Message-ID"], "compensated",
                                       apology["In-Reply-To"])]
+
+
+def through_relay(mail_server: MailServer, faults: list[str], *, readable: bool
+                  ) -> tuple[SmtpFaultRelay, MailSettings]:
+    """A relay in front of the server failing its first messages with ``faults``, and the
+    settings that send through it; ``readable``: the server's folder names the relay (the
+    agents can ask it what the server accepted), else the agents cannot ask."""
+    todo = iter(faults)
+    relay = SmtpFaultRelay(f"smtp://127.0.0.1:{mail_server.port}",
+                           lambda kind: next(todo, None), hang=2 * LOST)
+    if readable:
+        mail_server.folder.declare_server("127.0.0.1", relay.port)
+    return relay, replace(mail_server.settings(), port=relay.port, timeout=LOST,
+                          mail_dir=mail_server.folder.path if readable else None)
+
+
+def confirmation_attempts(guard: Any, config: Any) -> int:
+    [step] = [s for s in guard.status(config).steps if s.node == "send_confirmation"]
+    return step.attempt
+
+
+@pytest.mark.parametrize("faults", [["451"], ["451", "451", "451"], ["421"], ["timeout"]])
+def test_a_confirmation_refused_for_now_is_sent_again_and_the_trip_is_booked(
+        faults: list[str], localstripe_url: str, stripe_client: stripe.StripeClient,
+        tmp_path: Path, mail_server: MailServer) -> None:
+    # Refused before the server kept it (a 451 to MAIL, RCPT, then DATA; a 421; the message
+    # held and never handed over): the server cannot be asked, and need not be.
+    relay, settings = through_relay(mail_server, faults, readable=False)
+    guard, graph = guarded(localstripe_url, tmp_path, settings)
+    config = {"configurable": {"thread_id": "trip-mail-6"}}
+
+    guard.invoke(graph, trip(), config)
+    relay.close()
+
+    assert guard.status(config).run.status == RunStatus.SUCCEEDED
+    [confirmation] = mail_server.messages(run="trip-mail-6")
+    assert confirmation_attempts(guard, config) == len(faults) + 1
+    assert ledger(guard, config) == [(confirmation["Message-ID"], "applied", "")]
+    assert [charge.refunded for charge in stripe_client.v1.charges.list().data] == [False]
+
+
+@pytest.mark.parametrize("fault", ["cut", "late"])
+def test_a_confirmation_whose_250_was_lost_is_found_at_the_server_and_not_sent_again(
+        fault: str, localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
+        mail_server: MailServer) -> None:
+    relay, settings = through_relay(mail_server, [fault], readable=True)
+    guard, graph = guarded(localstripe_url, tmp_path, settings)
+    config = {"configurable": {"thread_id": "trip-mail-7"}}
+
+    guard.invoke(graph, trip(), config)
+    relay.close()
+
+    assert guard.status(config).run.status == RunStatus.SUCCEEDED
+    [confirmation] = mail_server.messages(run="trip-mail-7")  # kept by the first attempt
+    assert confirmation_attempts(guard, config) == 2
+    assert ledger(guard, config) == [(confirmation["Message-ID"], "applied", "")]
+
+
+def test_where_the_server_cannot_be_asked_a_lost_250_sends_the_same_message_again(
+        localstripe_url: str, stripe_client: stripe.StripeClient, tmp_path: Path,
+        mail_server: MailServer) -> None:
+    # The rule where the server cannot be asked (docs/deploy.md, "E-mail"): at least once, as
+    # the same message. The server holds two copies of one Message-ID, the ledger one e-mail.
+    relay, settings = through_relay(mail_server, ["cut"], readable=False)
+    guard, graph = guarded(localstripe_url, tmp_path, settings)
+    config = {"configurable": {"thread_id": "trip-mail-8"}}
+
+    guard.invoke(graph, trip(), config)
+    relay.close()
+
+    assert guard.status(config).run.status == RunStatus.SUCCEEDED
+    first, second = mail_server.messages(run="trip-mail-8")
+    assert first["Message-ID"] == second["Message-ID"]
+    assert ledger(guard, config) == [(first["Message-ID"], "applied", "")]
 
 
 def test_it_refuses_to_run_the_travel_agent_without_a_mail_server(tmp_path: Path) -> None:
