@@ -21,9 +21,10 @@
 3. ``--pages`` open cockpit pages, a third each the workers page, the incidents page and the
    checkout map, each behaving as ``static/js/dashboard.js`` makes it: a websocket on
    ``ws/runs/`` (Daphne), and on its events a re-read of itself ``LIVE_WAIT`` later (at most
-   one in flight, one more after it if events came meanwhile), of the navigation's counts
-   (incidents and workers) and of the workers banner a second later, the workers page also on
-   its timer; the re-reads over HTTP to gunicorn (production's HTTP: ``gunicorn.conf.py``,
+   one in flight, one more after it if events came meanwhile), which brings the navigation's
+   counts and the workers banner with it; on a timer (``STATEGUARD_WORKERS_POLL_SECONDS``,
+   each page from its own moment) the workers banner, and the workers page itself too; the
+   re-reads over HTTP to gunicorn (production's HTTP: ``gunicorn.conf.py``,
    one process per core, ``DATABASE_POOL=4`` as docs/deploy.md has it). Meanwhile noop5 runs
    are submitted at ``--rate`` per second. Per round: a step's commit (timed in the worker,
    ``bench/p5_commits.py``) to its event at every page; each re-read's answer time, and
@@ -75,19 +76,17 @@ from bench import cockpit, databases, p5_ws, procs  # noqa: E402
 os.environ.update(ENV)  # after p5_ws, which sets its own database's on import
 
 # What an open page re-reads on the runs' events, and after how long (dashboard.js): itself,
-# at most every 2 s (the map's LIVE_EVERY_MS, the incidents' and workers' pages' own), the
-# navigation's counts a second later (not the map: a runs-list page), the workers banner a
-# second later (every page).
+# at most every 2 s (the map's LIVE_EVERY_MS, the incidents' and workers' pages' own); its
+# answer has the navigation's counts and the workers banner.
 LIVE_WAIT = 2.0
-COUNTS_WAIT = BANNER_WAIT = 1.0
 BIG = 10_000  # rows: a table the planner should not read whole for a page
 FLOOR_EVERY = 0.2  # seconds between two requests of the trivial view while pages are open
 AGAIN_WAIT = 0.1  # events came while a re-read was in flight: one more, this soon after it
 LOADED = "input ? 'order'"  # the loaded runs (cockpit.load's), not the live rounds' noop5
-LIVE_PAGES = {  # kind: (path, asks the counts on events)
-    "workers": ("/workers/", True),
-    "incidents": ("/incidents/", True),
-    "map": ("/agents/checkout/map?window=24h", False),
+LIVE_PAGES = {  # kind: path
+    "workers": "/workers/",
+    "incidents": "/incidents/",
+    "map": "/agents/checkout/map?window=24h",
 }
 
 
@@ -118,36 +117,35 @@ class _Page:
     def __init__(self, i: int, kind: str, http: Any, out: dict[str, list[Any]],
                  spread: bool) -> None:
         self.i, self.kind, self.http, self.out, self.spread = i, kind, http, out, spread
-        self.path, self.counts = LIVE_PAGES[kind]
-        self.timers: dict[str, asyncio.TimerHandle | None] = {"page": None, "counts": None,
-                                                               "banner": None}
+        self.path = LIVE_PAGES[kind]
+        self.timer: asyncio.TimerHandle | None = None
         self.in_flight = False
         self.again = False  # asked while in flight: once more after it (dashboard.js's again)
         self.tasks: set[asyncio.Task[None]] = set()
 
     def on_frame(self) -> None:
-        self.schedule("page", LIVE_WAIT)
-        if self.counts:
-            self.schedule("counts", COUNTS_WAIT)
-        self.schedule("banner", BANNER_WAIT)
+        self.schedule(LIVE_WAIT)
 
-    def schedule(self, what: str, wait: float) -> None:
-        if self.timers[what] is None:
-            if self.spread and wait >= COUNTS_WAIT:  # --spread: not dashboard.js's (yet)
+    def schedule(self, wait: float) -> None:
+        if self.timer is None:
+            if self.spread and wait == LIVE_WAIT:  # --spread: not dashboard.js's (yet)
                 wait *= random.uniform(0.5, 1.5)
-            self.timers[what] = asyncio.get_running_loop().call_later(wait, self.fire, what)
+            self.timer = asyncio.get_running_loop().call_later(wait, self.fire)
 
-    def fire(self, what: str) -> None:
-        self.timers[what] = None
-        if what == "page" and self.in_flight:
+    def fire(self) -> None:
+        self.timer = None
+        if self.in_flight:
             self.again = True
             return
+        self.start("page")
+
+    def start(self, what: str) -> None:
         task = asyncio.get_running_loop().create_task(self.read(what))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def read(self, what: str) -> None:
-        path = {"page": self.path, "counts": "/inbox/counts", "banner": "/workers/banner"}[what]
+        path = self.path if what == "page" else "/workers/banner"
         if what == "page":
             self.in_flight = True
         start = time.time()
@@ -163,7 +161,7 @@ class _Page:
             self.in_flight = False
             if self.again:
                 self.again = False
-                self.schedule("page", AGAIN_WAIT)
+                self.schedule(AGAIN_WAIT)
 
 
 def pages_process(conn: Any, ws_base: str, http_base: str, cookie: str, n: int,
@@ -204,10 +202,13 @@ def pages_process(conn: Any, ws_base: str, http_base: str, cookie: str, n: int,
                                          response.status_code))
                     await asyncio.sleep(FLOOR_EVERY)
 
-        async def poll(page: _Page) -> None:  # the workers page's timer: heartbeats publish
-            while True:                       # nothing
+        async def poll(page: _Page) -> None:  # the timers: heartbeats publish nothing
+            await asyncio.sleep(random.uniform(0, poll_seconds))  # pages opened one by one
+            while True:
+                page.start("banner")
+                if page.kind == "workers":
+                    page.schedule(0.0)
                 await asyncio.sleep(poll_seconds)
-                page.schedule("page", 0.0)
 
         while True:
             cmd = await loop.run_in_executor(None, conn.recv)
@@ -218,23 +219,22 @@ def pages_process(conn: Any, ws_base: str, http_base: str, cookie: str, n: int,
                         additional_headers={"Cookie": f"sessionid={cookie}"}, max_size=None)
                     sockets.append(ws)
                     readers.append(asyncio.create_task(listen(page, ws)))
-                    if page.kind == "workers":
-                        pollers.append(asyncio.create_task(poll(page)))
+                    pollers.append(asyncio.create_task(poll(page)))
                 pollers.append(asyncio.create_task(probe()))
                 conn.send("ok")
             elif cmd == "stop":
+                for task in pollers:  # the timers' reads would never let it be quiet
+                    task.cancel()
                 # Until quiet: no frame and no re-read for LIVE_WAIT + 1 s (at most 60 s), so
                 # that a backlog shows as latency rather than as missing samples.
                 deadline = time.time() + 60
                 while time.time() < deadline:
                     last = max([f[1] for f in out["frames"]] + [0.0] + [
                         r[4] for r in out["reads"] if r[2] != "floor"])
-                    busy = any(p.in_flight or p.tasks or any(p.timers.values()) for p in live)
+                    busy = any(p.in_flight or p.tasks or p.timer for p in live)
                     if not busy and time.time() - last > LIVE_WAIT + 1:
                         break
                     await asyncio.sleep(0.2)
-                for task in pollers:
-                    task.cancel()
                 for ws in sockets:
                     await ws.close()
                 await asyncio.gather(*readers)

@@ -4,7 +4,11 @@
  * and swaps in the parts marked data-live-region: what a reload would show, nothing computed
  * here. A page with data-live="list" listens to every run (ws/runs/); data-live="run" to its
  * run (ws/runs/<code>/), and to every run only for the navigation's counts; data-live="workers"
- * to every run, at most one re-read per 2 s, and on a timer (heartbeats publish nothing). After a dropped
+ * to every run, at most one re-read per 2 s, and on a timer (heartbeats publish nothing). A
+ * re-read brings the navigation's counts (live regions) and the workers banner with it: a
+ * page that re-reads itself on every run's events asks for nothing else on them (50 open
+ * pages asking for three things each kept the server's queue long: docs/benchmarks.md,
+ * "The cockpit's pages"). After a dropped
  * connection the page reconnects with backoff and re-reads itself, so nothing is missed. The
  * only frame a page sends is a heartbeat ping: browsers do not expose websocket pings, and a
  * connection that died silently (a sleeping laptop, a proxy) would otherwise look live.
@@ -186,6 +190,7 @@
       .then(function (html) {
         if (!html) return;
         var doc = new DOMParser().parseFromString(html, "text/html");
+        showBanner(doc);
         if (changed(doc) && !dialogOpen()) swap(doc);
       })
       .catch(function () { /* the socket's reconnect re-reads again */ })
@@ -282,11 +287,14 @@
   var WORKERS_EVERY = 15000;
   var workersTimer = null;
 
-  // A live event means something ran: ask soon, not at the next round (a worker that just
-  // started has beaten by then, and the banner goes).
-  function scheduleWorkers() {
-    if (workersTimer) return;
-    workersTimer = setTimeout(function () { workersTimer = null; refreshWorkers(); }, 1000);
+  // From the banner's own answer or a page's re-read: swapped whenever it differs, a
+  // confirmation open or not (it is not what the reader confirms).
+  function showBanner(doc) {
+    var banner = document.getElementById("workers-banner");
+    var fresh = doc.getElementById("workers-banner");
+    if (banner && fresh && fresh.innerHTML.trim() !== banner.innerHTML.trim()) {
+      banner.replaceWith(document.importNode(fresh, true));
+    }
   }
 
   function refreshWorkers() {
@@ -295,13 +303,19 @@
     fetch(banner.dataset.workersUrl, { cache: "no-store", credentials: "same-origin" })
       .then(function (r) { return r.ok && !r.redirected ? r.text() : null; })
       .then(function (html) {
-        if (!html) return;
-        var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("workers-banner");
-        if (fresh && fresh.innerHTML.trim() !== banner.innerHTML.trim()) {
-          banner.replaceWith(document.importNode(fresh, true));
-        }
+        if (html) showBanner(new DOMParser().parseFromString(html, "text/html"));
       })
       .catch(function () { /* the next round asks again */ });
+  }
+
+  // A run's event on a page that does not re-read itself on it: the navigation's counts, and
+  // the banner while it warns, since something ran (a worker that just started has beaten by
+  // then, and the banner goes). A banner that does not warn waits for its timer: a run's
+  // event does not say that the workers died.
+  function onOtherRuns() {
+    scheduleCounts();
+    if (workersTimer || !document.querySelector("#workers-banner [role=alert]")) return;
+    workersTimer = setTimeout(function () { workersTimer = null; refreshWorkers(); }, 1000);
   }
 
   // ---- websockets with backoff and a heartbeat ------------------------------------------------
@@ -352,7 +366,6 @@
       if ((data.type === "run.events" || data.type === "batch.events") &&
           Array.isArray(data.events)) {
         self.onEvents(data.events);
-        scheduleWorkers();
       }
     };
     ws.onclose = function () {
@@ -454,28 +467,25 @@
       new LiveSocket("/ws/runs/", function () { schedule(every); }, function () { schedule(0); });
     } else if (body.dataset.live === "incidents") {
       // Groups move with every run that fails or is retried: re-read at most every 2 s.
-      new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },
-                     function () { schedule(0); });
+      new LiveSocket("/ws/runs/", function () { schedule(2000); }, function () { schedule(0); });
     } else if (body.dataset.live === "run" && body.dataset.run) {
       new LiveSocket("/ws/runs/" + body.dataset.run + "/", function () { schedule(120); },
                      function () { schedule(0); });
-      new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
+      new LiveSocket("/ws/runs/", onOtherRuns, scheduleCounts);
     } else if (body.dataset.live === "batch" && body.dataset.batch) {
       // Its progress, and its runs' statuses as workers carry out what it asked of them.
       new LiveSocket("/ws/batches/" + body.dataset.batch + "/", function () { schedule(150); },
                      function () { schedule(0); });
-      new LiveSocket("/ws/runs/", function () { schedule(1000); scheduleCounts(); },
-                     scheduleCounts);
+      new LiveSocket("/ws/runs/", function () { schedule(1000); }, function () { schedule(0); });
     } else if (body.dataset.live === "workers") {
       // The workers page: runs' events move its numbers (a re-read at most every 2 s, however
       // many arrive), and workers' heartbeats publish nothing, so it re-reads on a timer too.
-      new LiveSocket("/ws/runs/", function () { schedule(2000); scheduleCounts(); },
-                     function () { schedule(0); scheduleCounts(); });
+      new LiveSocket("/ws/runs/", function () { schedule(2000); }, function () { schedule(0); });
       setInterval(function () {
         if (document.visibilityState !== "hidden") schedule(0);
       }, Number(body.dataset.liveEvery) || WORKERS_EVERY);
     } else if (document.querySelector("[data-counts-url]")) {
-      new LiveSocket("/ws/runs/", scheduleCounts, scheduleCounts);
+      new LiveSocket("/ws/runs/", onOtherRuns, scheduleCounts);
     }
   }
 
