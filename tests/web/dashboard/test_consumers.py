@@ -39,6 +39,14 @@ def memory_layer(settings: Any) -> None:
 
 
 @pytest.fixture
+def redis_layer(settings: Any) -> None:
+    """The settings' Redis layer, made new for this test (a changed setting resets Channels'
+    layers): Channels keeps one a process, and a receive lock an earlier test's event loop
+    left taken failed in this one's ("Lock ... is bound to a different event loop")."""
+    settings.CHANNEL_LAYERS = {**settings.CHANNEL_LAYERS}
+
+
+@pytest.fixture
 def world() -> dict[str, Any]:
     alice, bob = make_user("alice", "submitter"), make_user("bob", "submitter")
     people = {"alice": alice, "bob": bob, "vera": make_user("vera", "viewer"),
@@ -150,7 +158,7 @@ async def test_it_closes_a_socket_that_sends_garbage_and_keeps_serving_the_other
 
 @pytest.mark.redis
 async def test_it_forwards_the_publishers_batches_in_order(
-        world: dict[str, Any], publisher: None) -> None:
+        redis_layer: None, world: dict[str, Any], publisher: None) -> None:
     run = world["alices"]
     one, every = socket(f"/ws/runs/{run.code}/", world["cookies"]["alice"]), socket(
         "/ws/runs/", world["cookies"]["alice"])
@@ -178,7 +186,7 @@ async def test_it_forwards_the_publishers_batches_in_order(
 
 @pytest.mark.redis
 async def test_it_keeps_an_idle_socket_open_past_the_old_five_second_cut(
-        world: dict[str, Any]) -> None:
+        redis_layer: None, world: dict[str, Any]) -> None:
     """The redis-py 8 trap: a read timeout shorter than channels_redis's 5 s blocking pop
     (BZPOPMIN) killed every idle consumer after about 5 s."""
     run = world["alices"]
