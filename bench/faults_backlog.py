@@ -289,16 +289,6 @@ def _renice(pids: list[int], nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, thread.id, nice)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def _people() -> tuple[str, str]:
     """A submitter's key, and a viewer (vera, with a password: the page's session) and hers."""
     from django.contrib.auth import get_user_model
@@ -384,7 +374,7 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
 
     from bench import databases
-    from bench.procs import Worker, start_gunicorn
+    from bench.procs import Worker, start_gunicorn, stop_session
 
     databases.recreate(DB_NAME)
     import django
@@ -429,7 +419,7 @@ def main(argv: list[str]) -> int:
         report = _run(args, url, submitter, viewer, log_dir)
     finally:
         if web is not None:
-            _stop(web)
+            stop_session(web)
         for w in [*workers, beat]:
             w.stop()
     report["worker logs"] = _worker_log_counts(log_dir)

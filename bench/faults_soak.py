@@ -49,7 +49,14 @@ from typing import Any
 
 from bench import databases
 from bench.fault_relay import AFTER, BEFORE, FaultRelay, share_of
-from bench.procs import Worker, start_gunicorn, start_localstripe, stop
+from bench.procs import (
+    Worker,
+    celery_stack,
+    start_gunicorn,
+    start_localstripe,
+    stop,
+    stop_session,
+)
 from bench.r1_chaos import MUST_BE_ZERO, count, log_errors, parse_range, restart, settle
 
 DB_NAME = "stateguard_faults_soak"
@@ -158,13 +165,7 @@ def main(argv: list[str]) -> int:
                                             random.Random(f"relay-{args.seed}"), BEFORE, AFTER),
                        latency=0.05, hang=8)
     env = {**os.environ, "STRIPE_API_BASE": relay.url}
-    celery = [sys.executable, "-m", "celery", "-A", "stateguard_web"]
-    beat = Worker("beat", [*celery, "beat", "-l", "info", "-s", str(log_dir / "beat-schedule")],
-                  env, log_dir)
-    workers = [Worker(f"w{i + 1}", [*celery, "worker", "-l", "info", "-c", str(args.concurrency),
-                                    "-n", f"soak-w{i + 1}@%h", "--without-mingle",
-                                    "--without-gossip"], env, log_dir)
-               for i in range(args.workers)]
+    beat, workers = celery_stack(env, log_dir, args.workers, args.concurrency, "soak")
     web = None
     print(f"soak: {args.minutes:g} min at {args.rate:g} runs/s, seed {args.seed}; "
           f"{args.stripe_failures:.0%} of Stripe's requests fail, kills every "
@@ -192,7 +193,7 @@ def main(argv: list[str]) -> int:
             _signal(w, signal.SIGCONT)  # a stalled one must see its SIGTERM
             w.stop()
         if web is not None:
-            stop(web)
+            stop_session(web)
         relay.close()
         stop(provider)
     (log_dir / "samples.csv").write_text("\n".join(

@@ -19,8 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.fault_relay import FaultRelay
-from bench.faults_backlog import _start_web, _stop
-from bench.procs import Worker, celery_stack, start_localstripe, stop
+from bench.procs import (
+    Worker,
+    celery_stack,
+    start_gunicorn,
+    start_localstripe,
+    stop,
+    stop_session,
+)
 from bench.r1_chaos import MUST_BE_ZERO, count, log_errors
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,7 +109,8 @@ def run(args: argparse.Namespace, log_dir: Path, fault: Callable[[], None],
         beat.start()
         for w in workers:
             w.start()
-        web, url = _start_web(2, log_dir)
+        web, url = start_gunicorn(2, log_dir, {**os.environ, "DATABASE_POOL": "4",
+                                                "STATEGUARD_ACCESS_LOG": "off"})
         while not all(w.ready() for w in workers):
             time.sleep(0.2)
         report = _load(args, url, key, fault, workers)
@@ -119,7 +126,7 @@ def run(args: argparse.Namespace, log_dir: Path, fault: Callable[[], None],
         report["log errors"] = log_errors(log_dir)
     finally:
         if web is not None:
-            _stop(web)
+            stop_session(web)
         for w in [*workers, beat]:
             w.stop()
         relay.close()

@@ -100,6 +100,18 @@ def stop(proc: subprocess.Popen[Any]) -> None:
         proc.wait()
 
 
+def stop_session(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM to the whole session ``proc`` leads (a server and its workers), and SIGKILL if
+    it has not ended 30 s later."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 def start_localstripe(log_dir: Path) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "tools/localstripe_server.py", "--port", "0"], cwd=ROOT,
