@@ -27,7 +27,7 @@ from django.views.decorators.http import require_GET
 
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
-from stateguard_web.dashboard import graph, labels
+from stateguard_web.dashboard import graph, labels, live
 from stateguard_web.runs import agent_map, runtime, versions
 from stateguard_web.runs.agent_map import STOPS, WINDOWS, MapNode
 
@@ -145,9 +145,12 @@ def agent_map_view(request: HttpRequest, name: str) -> HttpResponse:
         context["error"] = (f"There is no window {window[:20]!r}: choose the last hour (1h), "
                             "day (24h) or 7 days (7d).")
         return render(request, "dashboard/agent_map.html", context, status=400)
-    context.update(map_page(user=request.user, agent=name, window=window))
-    context["reads_all"] = access.reads_all_runs(request.user)
-    return render(request, "dashboard/agent_map.html", context)
+
+    def build() -> dict[str, Any]:
+        return {**context, **map_page(user=request.user, agent=name, window=window),
+                "reads_all": access.reads_all_runs(request.user)}
+    return live.page(request, "dashboard/agent_map.html", build,
+                     regions=["dashboard/live/agent_map.html"])
 
 
 @login_required

@@ -23,10 +23,20 @@ def _nav(user: Any) -> dict[str, Any]:
             **counts}
 
 
+def _poll_ms() -> int:
+    return round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000)
+
+
+def navigation(user: Any) -> dict[str, Any]:
+    """The navigation and the workers banner, read now (a live re-read's: dashboard/live.py)."""
+    return {"nav": _nav(user), "workers": workers.worker_health(user),
+            "workers_poll_ms": _poll_ms()}
+
+
 def nav(request: HttpRequest) -> dict[str, Any]:
     user = getattr(request, "user", None)
     if user is None or not user.is_authenticated:
         return {}
     return {"nav": SimpleLazyObject(lambda: _nav(user)),
             "workers": SimpleLazyObject(lambda: workers.worker_health(user)),
-            "workers_poll_ms": round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000)}
+            "workers_poll_ms": _poll_ms()}

@@ -7,12 +7,12 @@ filter, with its preview, skips and audit. Thin, like ``views``: parse, authoriz
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
 from django.urls import reverse
 from django.utils.safestring import SafeString
 
@@ -20,7 +20,7 @@ from stateguard import lifecycle
 from stateguard_web.accounts import access
 from stateguard_web.accounts.access import Ability
 from stateguard_web.batches.worker import CHECKS
-from stateguard_web.dashboard import errors, sparkline
+from stateguard_web.dashboard import errors, live, sparkline
 from stateguard_web.runs import incidents, runtime
 from stateguard_web.sagas.models import Batch, Run
 
@@ -108,6 +108,13 @@ def incident_list(request: HttpRequest) -> HttpResponse:
     access.check(request.user, Ability.VIEW)
     form = IncidentFilterForm(request.GET)
     filters = form.filters()
+    return live.page(request, "dashboard/incidents.html",
+                     lambda: _context(request, form, filters),
+                     regions=["dashboard/live/incidents.html"])
+
+
+def _context(request: HttpRequest, form: IncidentFilterForm,
+             filters: dict[str, Any]) -> dict[str, Any]:
     page = incidents.incident_groups(runs=access.visible_runs(request.user),
                                      window=filters["window"], agent=filters["agent"] or None,
                                      status=filters["status"] or None, sort=filters["sort"])
@@ -116,7 +123,7 @@ def incident_list(request: HttpRequest) -> HttpResponse:
     if filters["agent"] and filters["agent"] not in agents:
         agents = [*agents, filters["agent"]]
     choices = {name: getattr(form.fields[name], "choices", []) for name in form.fields}
-    return render(request, "dashboard/incidents.html", {
+    return {
         "form": form, "filters": filters, "page": page,
         # The filter form's selects: name, label, choices, the value chosen.
         "selects": [("window", "Bars over the", choices["window"], filters["window"]),
@@ -128,4 +135,4 @@ def incident_list(request: HttpRequest) -> HttpResponse:
                    for group in page.groups],
         "window_words": WINDOW_WORDS[filters["window"]],
         "filtered": bool(filters["agent"] or filters["status"]),
-    })
+    }

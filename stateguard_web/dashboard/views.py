@@ -30,7 +30,7 @@ from stateguard_web.accounts import access
 from stateguard_web.accounts import selectors as account_selectors
 from stateguard_web.accounts.access import Ability
 from stateguard_web.accounts.forms import LoginForm
-from stateguard_web.dashboard import chart, pages, workers
+from stateguard_web.dashboard import chart, live, pages, workers
 from stateguard_web.dashboard.forms import (
     CompensateForm,
     DecisionForm,
@@ -77,6 +77,13 @@ def run_list(request: HttpRequest) -> HttpResponse:
     access.check(request.user, Ability.VIEW)
     form = RunFilterForm(request.GET)
     filters = form.filters()
+    return live.page(request, "dashboard/runs.html",
+                     lambda: _run_list_context(request, form, filters),
+                     regions=["dashboard/live/runs.html"])
+
+
+def _run_list_context(request: HttpRequest, form: RunFilterForm,
+                      filters: dict[str, Any]) -> dict[str, Any]:
     page = pages.run_list_page(user=request.user, **filters)
     agents = runtime.agent_names()
     if filters["agent"] and filters["agent"] not in agents:
@@ -91,7 +98,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
     unnarrowed = query.copy()
     for name in ("step", "error_type"):
         unnarrowed.pop(name, None)
-    return render(request, "dashboard/runs.html", {
+    return {
         "form": form, "page": page, "agents": agents, "filters": filters,
         "query": query.urlencode(), "chips": pages.chip_links(page.chips, query),
         "columns": pages.sort_links(filters["sort"], query),
@@ -107,7 +114,7 @@ def run_list(request: HttpRequest) -> HttpResponse:
         "batch_actions": Batch.Action.choices,
         "saved_views": account_selectors.saved_views(user=request.user),
         "kept": kept(query), "export_limit": settings.STATEGUARD_RUNS_CSV_MAX_ROWS,
-    })
+    }
 
 
 def _map_url(agent: str, request: HttpRequest) -> str:
@@ -180,14 +187,18 @@ def workers_page(request: HttpRequest) -> HttpResponse:
     access.check(request.user, Ability.VIEW)
     if not access.reads_all_runs(request.user):
         raise PermissionDenied("The workers page is for those who see every run.")
-    snapshot = monitoring.snapshot()
-    return render(request, "dashboard/workers.html", {
-        "state": snapshot.workers, "queue": snapshot.queue,
-        "chart": chart.runs_per_minute(monitoring.throughput()),
-        "capacity": sum(w.info.concurrency or 0 for w in snapshot.workers.alive),
-        "alive_within": heartbeat.ALIVE_WITHIN,
-        "poll_ms": round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000),
-    })
+
+    def build() -> dict[str, Any]:
+        snapshot = monitoring.snapshot()
+        return {
+            "state": snapshot.workers, "queue": snapshot.queue,
+            "chart": chart.runs_per_minute(monitoring.throughput()),
+            "capacity": sum(w.info.concurrency or 0 for w in snapshot.workers.alive),
+            "alive_within": heartbeat.ALIVE_WITHIN,
+            "poll_ms": round(settings.STATEGUARD_WORKERS_POLL_SECONDS * 1000),
+        }
+    return live.page(request, "dashboard/workers.html", build,
+                     regions=["dashboard/live/workers.html"])
 
 
 # -- actions ------------------------------------------------------------------------------

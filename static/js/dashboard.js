@@ -8,7 +8,9 @@
  * re-read brings the navigation's counts (live regions) and the workers banner with it: a
  * page that re-reads itself on every run's events asks for nothing else on them (50 open
  * pages asking for three things each kept the server's queue long: docs/benchmarks.md,
- * "The cockpit's pages"). After a dropped
+ * "The cockpit's pages"). The cockpit's pages and the runs list answer a re-read with those
+ * and their live regions alone, one render shared by their open copies (dashboard/live.py).
+ * After a dropped
  * connection the page reconnects with backoff and re-reads itself, so nothing is missed. The
  * only frame a page sends is a heartbeat ping: browsers do not expose websocket pings, and a
  * connection that died silently (a sleeping laptop, a proxy) would otherwise look live.
@@ -238,7 +240,7 @@
       var el = document.getElementById(id);
       if (el) el.scrollLeft = scrolled[id];
     });
-    document.title = doc.title;
+    if (doc.title) document.title = doc.title;  // a live re-read's fragment has none (live.py)
     formatTimes(document);
     formatWaits(document);
     var after = document.querySelectorAll("tr[data-run]");
