@@ -20,9 +20,10 @@
    tables a plan reads whole are named.
 3. ``--pages`` open cockpit pages, a third each the workers page, the incidents page and the
    checkout map, each behaving as ``static/js/dashboard.js`` makes it: a websocket on
-   ``ws/runs/`` (Daphne), and on its events a re-read of itself ``LIVE_WAIT`` later (at most
-   one in flight, one more after it if events came meanwhile), which brings the navigation's
-   counts and the workers banner with it; on a timer (``STATEGUARD_WORKERS_POLL_SECONDS``,
+   ``ws/runs/`` (Daphne), and on its events a re-read of itself at the next multiple of
+   ``LIVE_WAIT`` on the clock (at most one in flight, one more after it if events came
+   meanwhile), answered with its live regions, the navigation's counts and the workers banner
+   (``dashboard/live.py``); on a timer (``STATEGUARD_WORKERS_POLL_SECONDS``,
    each page from its own moment) the workers banner, and the workers page itself too; the
    re-reads over HTTP to gunicorn (production's HTTP: ``gunicorn.conf.py``,
    one process per core, ``DATABASE_POOL=4`` as docs/deploy.md has it). Meanwhile noop5 runs
@@ -32,8 +33,8 @@
    to the answer of the page's first re-read asked after the event came: the page's wait
    included), and the server's part of that (the delivery and that re-read's answer: the wait
    left out); the floor, a trivial view asked every 0.2 s beside the pages. ``--spread``, an
-   experiment: each wait drawn in 0.5-1.5 times its length, so that the pages' re-reads do
-   not all come at once.
+   experiment: each page waits from its first event, 0.5-1.5 times ``LIVE_WAIT``, so that
+   the pages' re-reads do not come at once.
 
 Uses its own database ``stateguard_cockpit_pages`` and Redis database 1 (emptied). Results:
 docs/benchmarks.md ("The cockpit's pages").
@@ -122,14 +123,22 @@ class _Page:
         self.in_flight = False
         self.again = False  # asked while in flight: once more after it (dashboard.js's again)
         self.tasks: set[asyncio.Task[None]] = set()
+        self.seen: int | None = None  # dashboard.js's seen: None unknown
+        self.unsaid = False  # a frame without a position came: unknown until a re-read
 
-    def on_frame(self) -> None:
-        self.schedule(LIVE_WAIT)
+    def on_frame(self, seq: int | None) -> None:
+        # dashboard.js's sawEvents: the newest position seen, told with the next re-read
+        if seq is None:
+            self.unsaid = True
+        elif not self.unsaid:
+            self.seen = max(self.seen or 0, seq)
+        if self.spread:  # --spread: each from its own moment, not dashboard.js's
+            self.schedule(LIVE_WAIT * random.uniform(0.5, 1.5))
+        else:  # dashboard.js's scheduleAligned: at the next multiple of the wait on the clock
+            self.schedule(LIVE_WAIT - time.time() % LIVE_WAIT)
 
     def schedule(self, wait: float) -> None:
         if self.timer is None:
-            if self.spread and wait == LIVE_WAIT:  # --spread: not dashboard.js's (yet)
-                wait *= random.uniform(0.5, 1.5)
             self.timer = asyncio.get_running_loop().call_later(wait, self.fire)
 
     def fire(self) -> None:
@@ -150,8 +159,14 @@ class _Page:
             self.in_flight = True
         start = time.time()
         try:
-            response = await self.http.get(path, headers={"X-Live-Refresh": "1"}
-                                           if what == "page" else {})
+            headers = {}
+            if what == "page":
+                headers["X-Live-Refresh"] = "1"
+                if self.seen is not None and not self.unsaid:
+                    headers["X-Live-Seen"] = str(self.seen)
+                else:
+                    self.seen, self.unsaid = None, False
+            response = await self.http.get(path, headers=headers)
             await response.aread()
             status: int | str = response.status_code
         except Exception as exc:  # a failed re-read is counted, not fatal
@@ -186,10 +201,11 @@ def pages_process(conn: Any, ws_base: str, http_base: str, cookie: str, n: int,
             try:
                 async for text in ws:
                     arrived = time.time()
-                    events = json.loads(text).get("events", ())
+                    frame = json.loads(text)
+                    events = frame.get("events", ())
                     out["frames"].append((page.i, arrived, [
                         (e.get("type"), e.get("step_id")) for e in events]))
-                    page.on_frame()
+                    page.on_frame(frame.get("seq"))
             except websockets.ConnectionClosed:
                 pass
 

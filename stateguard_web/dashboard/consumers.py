@@ -113,7 +113,7 @@ class _LiveConsumer(AsyncJsonWebsocketConsumer, ABC):  # type: ignore[misc]
         """A batch from the publisher (``sagas.events``), forwarded as it is, in its order."""
         events = await self.visible(event["events"])
         if events:
-            await self.send_json({"type": "run.events", "events": events})
+            await self.send_json(_frame("run.events", events, event))
 
     async def visible(self, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return events
@@ -146,7 +146,7 @@ class BatchConsumer(_LiveConsumer):
                 and Batch.objects.filter(code=code).exists())
 
     async def batch_events(self, event: dict[str, Any]) -> None:
-        await self.send_json({"type": "batch.events", "events": event["events"]})
+        await self.send_json(_frame("batch.events", event["events"], event))
 
 
 class RunsConsumer(_LiveConsumer):
@@ -181,6 +181,15 @@ class RunsConsumer(_LiveConsumer):
         seen = {str(c) for c in access.visible_runs(self.scope.get("user"))
                 .filter(code__in=valid).values_list("code", flat=True)}
         return {c: c in seen for c in codes}
+
+
+def _frame(type: str, events: list[dict[str, Any]], message: dict[str, Any]) -> dict[str, Any]:
+    """A page's frame: the events, and the batch's place in the order of all (``seq``) for
+    the page's re-reads (dashboard/live.py)."""
+    frame = {"type": type, "events": events}
+    if isinstance(message.get("seq"), int):
+        frame["seq"] = message["seq"]
+    return frame
 
 
 def _is_uuid(text: str) -> bool:

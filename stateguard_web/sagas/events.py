@@ -13,10 +13,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import cache
 from typing import Any
 
+import redis
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
+from django.conf import settings
 from django.db import transaction
 
 from stateguard import Event
@@ -33,6 +36,11 @@ _HOLD = 0.05  # seconds
 # CPU per event (P5). A page's first events therefore wait up to this long; the next go at once.
 _LIST_GAP = 0.05  # seconds
 _HEARD_KEPT = 5000  # groups remembered as listened to (the oldest are forgotten past this)
+# Counts the batches sent by every process, in the channel layer's first Redis: a batch's
+# message carries its count ("seq"), taken after its events' commits and before it is sent, so
+# that a page that saw seq n knows that anything read after the count reached n holds them
+# (dashboard/live.py shares a render among the pages it holds for).
+POSITION_KEY = "stateguard:events:position"
 
 
 def run_group(code: str) -> str:
@@ -135,7 +143,7 @@ class _Publisher:
 
     async def _send(self, batch: dict[str, list[dict[str, Any]]]) -> None:
         assert self.layer is not None
-        listened = await self._listened(list(batch))
+        listened, seq = await self._listened(list(batch))
         for group in batch:  # this thread alone reads and writes ``heard``
             self.heard.pop(group, None)
             if group in listened:
@@ -143,30 +151,37 @@ class _Publisher:
         while len(self.heard) > _HEARD_KEPT:
             del self.heard[next(iter(self.heard))]
         for group in listened:
-            await self.layer.group_send(group, {"type": _message_type(group),
-                                                "events": batch[group]})
+            message = {"type": _message_type(group), "events": batch[group]}
+            if seq is not None:
+                message["seq"] = seq
+            await self.layer.group_send(group, message)
 
-    async def _listened(self, groups: list[str]) -> list[str]:
-        """The groups someone listens to. Most runs have no open page: asking Redis once per
+    async def _listened(self, groups: list[str]) -> tuple[list[str], int | None]:
+        """The groups someone listens to, and the batch's place in the order of every
+        process's batches (``position``). Most runs have no open page: asking Redis once per
         batch, instead of two round trips per group inside ``group_send``, was most of the
         publisher's CPU (P2, docs/benchmarks.md). A page that joins meanwhile misses at most
         this batch, and reads the run's state when it opens anyway."""
         layer = self.layer
         if not isinstance(layer, RedisChannelLayer):
-            return groups
+            return groups, None
         # channels_redis's own group keys and shards; members expire after group_expiry
         live_since = int(time.time()) - layer.group_expiry
-        shards: dict[int, list[str]] = {}
+        shards: dict[int, list[str]] = {0: []}  # the first holds the position: asked with it
         for group in groups:
             shards.setdefault(layer.consistent_hash(group), []).append(group)
-        listened = []
+        listened, seq = [], None
         for index, members in shards.items():
             pipe = layer.connection(index).pipeline(transaction=False)
             for group in members:
                 pipe.zcount(layer._group_key(group), live_since, "+inf")
+            if index == 0:
+                pipe.incr(POSITION_KEY)
             counts = await pipe.execute()
+            if index == 0:
+                seq = int(counts.pop())
             listened += [g for g, count in zip(members, counts, strict=True) if count]
-        return listened
+        return listened, seq
 
 
 _publisher: _Publisher | None = None
@@ -180,6 +195,31 @@ def _get() -> _Publisher:
         if _publisher is None:
             _publisher = _Publisher()
         return _publisher
+
+
+@cache
+def _position_client() -> redis.Redis | None:
+    layer = settings.CHANNEL_LAYERS.get("default", {})
+    hosts = layer.get("CONFIG", {}).get("hosts") or []
+    if not layer.get("BACKEND", "").startswith("channels_redis.") or not hosts:
+        return None
+    host = hosts[0]
+    address = host.get("address") if isinstance(host, dict) else host
+    if not isinstance(address, str):
+        return None
+    return redis.Redis.from_url(address, socket_timeout=0.5, socket_connect_timeout=0.5)
+
+
+def position() -> int | None:
+    """How many batches of events every process has sent so far (``POSITION_KEY``); None
+    when that is not known (no Redis layer, or Redis does not answer)."""
+    client = _position_client()
+    if client is None:
+        return None
+    try:
+        return int(client.get(POSITION_KEY) or 0)
+    except redis.RedisError:
+        return None
 
 
 def event_payload(event: Event) -> dict[str, Any]:

@@ -142,6 +142,14 @@
     timer = setTimeout(function () { timer = null; refresh(); }, delay);
   }
 
+  // A re-read on runs' events, at most one per `every` ms, at the next multiple of it on the
+  // clock: the open pages that got the same events ask at the same moment, and the server
+  // renders once for all of them (dashboard/live.py), where pages that each waited from their
+  // own moment had it render for each in turn.
+  function scheduleAligned(every) {
+    schedule(every - Date.now() % every);
+  }
+
   function dialogOpen() {
     if (!document.querySelector("dialog[open]")) return false;
     // Not under the reader's hands: swap once the dialog closes, and say the run moved on.
@@ -176,12 +184,26 @@
     });
   }
 
+  // The newest events' place in the order of all (their frames' "seq"), told to the server with
+  // a re-read: it may then answer with a render shared with other pages, made after those
+  // events' commits (dashboard/live.py). Unknown (null) from a socket's opening, when events
+  // may have been missed, until a frame says; and after a frame that does not say, until a
+  // re-read asked without it (which the server renders after it arrived) has gone.
+  var seen = null;
+
+  function sawEvents(seq) {
+    if (typeof seq !== "number") seen = false;
+    else if (seen !== false) seen = Math.max(seen || 0, seq);
+  }
+
   function refresh() {
     if (refreshing) { again = true; return; }
     refreshWaiting = false;
     refreshing = true;
-    fetch(location.href, { cache: "no-store", credentials: "same-origin",
-                           headers: { "X-Live-Refresh": "1" } })
+    var headers = { "X-Live-Refresh": "1" };
+    if (typeof seen === "number") headers["X-Live-Seen"] = String(seen);
+    else seen = null;
+    fetch(location.href, { cache: "no-store", credentials: "same-origin", headers: headers })
       .then(function (response) {
         if (response.redirected && /\/login\//.test(new URL(response.url).pathname)) {
           location.reload();  // the session ended: show the login page
@@ -357,6 +379,7 @@
       setIndicator();
       self.heartbeat();
       if (reconnect) announce("Live updates are back.", null);
+      seen = null;
       // Re-read on every open, the first too: what changed between the page's render and
       // this moment was published before the socket listened.
       self.onOpen();
@@ -367,6 +390,7 @@
       if (data.type === "pong") { clearTimeout(self.pongTimer); return; }
       if ((data.type === "run.events" || data.type === "batch.events") &&
           Array.isArray(data.events)) {
+        sawEvents(data.seq);
         self.onEvents(data.events);
       }
     };
@@ -466,10 +490,10 @@
     if (body.dataset.live === "list") {
       // data-live-every: a page that counts many runs (an agent's map) re-reads less often.
       var every = Number(body.dataset.liveEvery) || 300;
-      new LiveSocket("/ws/runs/", function () { schedule(every); }, function () { schedule(0); });
+      new LiveSocket("/ws/runs/", function () { scheduleAligned(every); }, function () { schedule(0); });
     } else if (body.dataset.live === "incidents") {
       // Groups move with every run that fails or is retried: re-read at most every 2 s.
-      new LiveSocket("/ws/runs/", function () { schedule(2000); }, function () { schedule(0); });
+      new LiveSocket("/ws/runs/", function () { scheduleAligned(2000); }, function () { schedule(0); });
     } else if (body.dataset.live === "run" && body.dataset.run) {
       new LiveSocket("/ws/runs/" + body.dataset.run + "/", function () { schedule(120); },
                      function () { schedule(0); });
@@ -482,7 +506,7 @@
     } else if (body.dataset.live === "workers") {
       // The workers page: runs' events move its numbers (a re-read at most every 2 s, however
       // many arrive), and workers' heartbeats publish nothing, so it re-reads on a timer too.
-      new LiveSocket("/ws/runs/", function () { schedule(2000); }, function () { schedule(0); });
+      new LiveSocket("/ws/runs/", function () { scheduleAligned(2000); }, function () { schedule(0); });
       setInterval(function () {
         if (document.visibilityState !== "hidden") schedule(0);
       }, Number(body.dataset.liveEvery) || WORKERS_EVERY);

@@ -173,14 +173,16 @@ async def test_it_forwards_the_publishers_batches_in_order(
     await sync_to_async(publish_many, thread_sensitive=False)()
     for communicator in (one, every):
         received: list[int] = []
-        batches = 0
+        seqs: list[int] = []
         while len(received) < 40:
             message = await communicator.receive_json_from(timeout=5)
             assert message["type"] == "run.events"
-            batches += 1
+            seqs.append(message["seq"])
             received += [e["data"]["n"] for e in message["events"]]
         assert received == list(range(40))
-        assert batches > 1
+        assert len(seqs) > 1
+        # Each batch's place in the order of all, counted before it was sent (dashboard/live.py)
+        assert seqs == sorted(set(seqs)) and seqs[-1] <= events.position()  # type: ignore[operator]
         await communicator.disconnect()
 
 
