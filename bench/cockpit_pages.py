@@ -112,6 +112,15 @@ def pages(succeeded: str, incident: str) -> dict[str, str]:
 
 # --- the open pages, in a process of their own ------------------------------------------------
 
+def page_shift(path: str) -> float:
+    """dashboard.js's pageShift (seconds): where in each wait a page at ``path`` re-reads."""
+    every = round(LIVE_WAIT * 1000)
+    hash_ = 0
+    for char in path:
+        hash_ = (hash_ * 31 + ord(char)) % 1000003
+    return (hash_ % every) / 1000
+
+
 class _Page:
     """One open page: its socket's frames and its re-reads, scheduled as dashboard.js does."""
 
@@ -134,8 +143,8 @@ class _Page:
             self.seen = max(self.seen or 0, seq)
         if self.spread:  # --spread: each from its own moment, not dashboard.js's
             self.schedule(LIVE_WAIT * random.uniform(0.5, 1.5))
-        else:  # dashboard.js's scheduleAligned: at the next multiple of the wait on the clock
-            self.schedule(LIVE_WAIT - time.time() % LIVE_WAIT)
+        else:  # dashboard.js's scheduleAligned: the next multiple of the wait, shifted
+            self.schedule(LIVE_WAIT - (time.time() - page_shift(self.path)) % LIVE_WAIT)
 
     def schedule(self, wait: float) -> None:
         if self.timer is None:

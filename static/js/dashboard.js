@@ -143,11 +143,17 @@
   }
 
   // A re-read on runs' events, at most one per `every` ms, at the next multiple of it on the
-  // clock: the open pages that got the same events ask at the same moment, and the server
-  // renders once for all of them (dashboard/live.py), where pages that each waited from their
-  // own moment had it render for each in turn.
+  // clock (shifted by the page's address): the open copies of a page, having got the same
+  // events, ask at the same moment and are answered with one render (dashboard/live.py), and
+  // different pages ask at different moments, so the server has fewer requests at once.
+  function pageShift(every) {
+    var text = location.pathname + location.search, hash = 0;
+    for (var i = 0; i < text.length; i++) hash = (hash * 31 + text.charCodeAt(i)) % 1000003;
+    return hash % every;
+  }
+
   function scheduleAligned(every) {
-    schedule(every - Date.now() % every);
+    schedule(every - (Date.now() - pageShift(every)) % every);
   }
 
   function dialogOpen() {
