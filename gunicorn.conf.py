@@ -50,3 +50,11 @@ accesslog = "-" if _access_log == "on" else None
 # a second gunicorn on the host would take the first one's. Its signals do the same work (HUP
 # reloads, TTIN/TTOU add or remove a process, TERM stops after the requests in flight).
 control_socket_disable = True
+
+
+def post_worker_init(worker: object) -> None:
+    """Each process, its application loaded: what it started with left out of the garbage
+    collector's counts, as in the Celery pool processes (stateguard_web/lib/startup_gc.py)."""
+    from stateguard_web.lib.startup_gc import freeze_startup_objects
+
+    freeze_startup_objects()

@@ -7,13 +7,13 @@ tasks are found in each installed app's ``tasks`` module.
 
 from __future__ import annotations
 
-import gc
 import os
 from typing import Any
 
 from celery import Celery
 from celery.signals import task_prerun, worker_init, worker_process_init
 
+from stateguard_web.lib.startup_gc import freeze_startup_objects
 from stateguard_web.monitoring.heartbeat import HeartbeatStep
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "stateguard_web.settings")
@@ -59,17 +59,5 @@ def _drop_broken_or_old_connections(**_: Any) -> None:
 
 @worker_process_init.connect
 def _freeze_what_the_process_started_with(**_: Any) -> None:
-    """Keep a pool process's garbage from piling up between its full collections.
-
-    A run leaves a few hundred objects in reference cycles (an exception and the frames of its
-    traceback, LangGraph's threads and futures) that live long enough to reach the oldest
-    generation, which Python collects only once its newcomers outnumber a quarter of what is
-    already there: here the ~280 000 objects Django, LangGraph and Stripe start with, so not
-    one full collection in 600 runs, the process's memory growing ~7 MB per 1000 runs
-    meanwhile (the soak, docs/reliability.md). Frozen, those objects are left out of every
-    collection and of that count: full collections then come every few hundred runs at most
-    (the worker's memory flat after its first 200 runs) and look at the runs' objects only. The
-    collection after the freeze makes Python count anew."""
-    gc.collect()
-    gc.freeze()
-    gc.collect()
+    """A pool process's garbage collected as it goes (``lib/startup_gc.py``)."""
+    freeze_startup_objects()

@@ -26,3 +26,14 @@ def test_a_bad_value_stops_gunicorn_with_a_reason(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("STATEGUARD_ACCESS_LOG", "false")
     with pytest.raises(SystemExit, match="STATEGUARD_ACCESS_LOG must be 'on' or 'off'"):
         runpy.run_path(CONF)
+
+
+def test_each_process_leaves_what_it_started_with_out_of_the_collectors_counts() -> None:
+    import gc
+
+    before = gc.get_freeze_count()
+    try:
+        runpy.run_path(CONF)["post_worker_init"](object())
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()
