@@ -171,9 +171,11 @@
 
   // Nor do the parts drawn against the clock (data-live-clock: a live run's timeline, whose
   // open bars end "now"): they differ on every read, and change with the rest when it does.
+  // Nor the waits the script keeps current itself (data-waited-since: formatWaits).
   function normalized(el) {
     var copy = el.cloneNode(true);
     copy.querySelectorAll("[data-live-clock]").forEach(function (c) { c.remove(); });
+    copy.querySelectorAll("[data-waited-since]").forEach(function (c) { c.textContent = ""; });
     return copy.outerHTML.replace(/name="csrfmiddlewaretoken" value="[^"]*"/g, "");
   }
 
@@ -318,13 +320,27 @@
   var workersTimer = null;
 
   // From the banner's own answer or a page's re-read: swapped whenever it differs, a
-  // confirmation open or not (it is not what the reader confirms).
+  // confirmation open or not (it is not what the reader confirms). Where only its ages moved
+  // (data-ticks: "has waited 8 min 8 s"), their text changes in place: a banner replaced at
+  // every re-read would take the link the reader is clicking away from under the pointer.
   function showBanner(doc) {
     var banner = document.getElementById("workers-banner");
     var fresh = doc.getElementById("workers-banner");
-    if (banner && fresh && fresh.innerHTML.trim() !== banner.innerHTML.trim()) {
+    if (!banner || !fresh) return;
+    if (untimed(fresh) !== untimed(banner)) {
       banner.replaceWith(document.importNode(fresh, true));
+      return;
     }
+    var ages = fresh.querySelectorAll("[data-ticks]");
+    banner.querySelectorAll("[data-ticks]").forEach(function (el, i) {
+      if (el.textContent !== ages[i].textContent) el.textContent = ages[i].textContent;
+    });
+  }
+
+  function untimed(el) {
+    var copy = el.cloneNode(true);
+    copy.querySelectorAll("[data-ticks]").forEach(function (t) { t.textContent = ""; });
+    return copy.innerHTML.trim();
   }
 
   function refreshWorkers() {

@@ -73,6 +73,13 @@ def test_it_shows_workers_and_the_queue_live_to_an_operator_and_a_viewer(
     warning = page.locator("[data-backlog]")
     assert "The queue is behind: the oldest pending run has waited 8 min" in " ".join(
         warning.inner_text().split())
+    # The page's re-reads on the slow run's events move the age in place: the banner and its
+    # link stay the elements they were, so that a click on the link is not lost in a swap.
+    warning.evaluate("el => { el.kept = true; }")  # a property: not in its markup
+    age = page.locator("[data-backlog-age]").inner_text()
+    page.wait_for_function("age => document.querySelector('[data-backlog-age]').textContent"
+                           " !== age", arg=age, timeout=15_000)
+    assert warning.evaluate("el => el.kept === true")
     page.click("[data-backlog] a")
     page.wait_for_url("**/workers/")
     live(page)
