@@ -75,6 +75,9 @@ def test_it_shows_workers_and_the_queue_live_to_an_operator_and_a_viewer(
         warning.inner_text().split())
     # The page's re-reads on the slow run's events move the age in place: the banner and its
     # link stay the elements they were, so that a click on the link is not lost in a swap.
+    # (Once the slow run has started: its start takes it out of the pending, a real change.)
+    page.wait_for_function("() => document.querySelector('[data-pending-count]').textContent"
+                           " === '3'", timeout=15_000)
     warning.evaluate("el => { el.kept = true; }")  # a property: not in its markup
     age = page.locator("[data-backlog-age]").inner_text()
     page.wait_for_function("age => document.querySelector('[data-backlog-age]').textContent"
