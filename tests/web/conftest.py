@@ -8,6 +8,7 @@ chosen in ``tests/django_env.py``, which runs before the settings load; see its 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -78,13 +79,25 @@ def manage_py() -> ManagePy:
 
 
 @pytest.fixture(scope="session")
-def _sqlite_migrated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite database that ``manage.py migrate`` made, once a session: each migrate is a
-    Django start-up of its own (4-6 s here), and the tests that want a migrated file only read
-    and write rows in it."""
-    path = tmp_path_factory.mktemp("sqlite") / "migrated.sqlite3"
-    result = _manage_py("migrate", "--noinput", "-v0", env={"DATABASE_URL": f"sqlite:///{path}"})
-    assert result.returncode == 0, result.stderr
+def _sqlite_migrated(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """A SQLite database that ``manage.py migrate`` made, once a run: each migrate is a Django
+    start-up of its own and every migration on SQLite (5-8 s here), and the tests that want a
+    migrated file only read and write rows in it. Under xdist the workers of one run share it
+    (their base folders' parent is the run's own), the first to come making it under a lock."""
+    if worker_id == "master":
+        folder = tmp_path_factory.mktemp("sqlite")
+    else:
+        folder = tmp_path_factory.getbasetemp().parent
+    path = folder / "migrated.sqlite3"
+    with (folder / "migrated.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            making = folder / "migrating.sqlite3"
+            making.unlink(missing_ok=True)
+            result = _manage_py("migrate", "--noinput", "-v0",
+                                env={"DATABASE_URL": f"sqlite:///{making}"})
+            assert result.returncode == 0, result.stderr
+            making.replace(path)
     return path
 
 

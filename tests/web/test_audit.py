@@ -229,11 +229,11 @@ print(json.dumps(result))
 
 
 def test_it_lets_flush_empty_a_sqlite_database_and_still_refuses_deletes(
-    manage_py: ManagePy, tmp_path: Path
+    manage_py: ManagePy, sqlite_url: str
 ) -> None:
     # Django's flush on SQLite is DELETE FROM each table, which the trigger refuses row by row;
-    # `make run`'s database is SQLite.
-    env = {"DATABASE_URL": f"sqlite:///{tmp_path / 'flush.sqlite3'}", "DEBUG": "true"}
+    # `make run`'s database is SQLite. (A migrated copy: the script's migrate has nothing to do.)
+    env = {"DATABASE_URL": sqlite_url, "DEBUG": "true"}
     result = manage_py("shell", "-c", SQLITE_FLUSH_SCRIPT, env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {
