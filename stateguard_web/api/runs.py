@@ -40,7 +40,6 @@ from stateguard_web.api.schemas import (
     TerminateIn,
     TimelineOut,
 )
-from stateguard_web.payments import ledger
 from stateguard_web.runs import selectors, services, timeline
 from stateguard_web.runs.filters import RunFilterForm
 from stateguard_web.runs.journal_events import BadEventId, Cursor
@@ -94,13 +93,7 @@ def get_run(request: HttpRequest, code: uuid.UUID) -> dict[str, object]:
     """The run with its steps, compensations (every attempt), approvals, the violated
     invariant if any, and its audit trail."""
     _, run = run_for(request, code, Ability.VIEW, detail=True)
-    detail = selectors.run_detail(run=run)
-    # The ledger's word for each effect, as the run page and the admin say it.
-    undo = {c["step_id"]: c["status"] for c in detail["compensations"]}
-    for effect in detail["effects"]:
-        effect["state"] = ledger.state_of(effect["status"], effect["undoes"],
-                                          undo.get(effect["step_id"]))
-    return detail
+    return selectors.run_detail(run=run)
 
 
 @router.get("/{code}/webhooks", response={200: RunWebhooksOut, **errors(404, 422)},

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stateguard_web.payments import ledger
+from stateguard_web.sagas import ledger
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +88,7 @@ LABELS: dict[str, dict[str, Label]] = {
         "skipped": Label("warn", "↷", "skipped"),
         "failed": Label("bad", "✕", "failed"),
     },
-    # The same words for every provider's effects (payments.ledger says which applies).
+    # The same words for every provider's effects (sagas.ledger says which applies).
     "effect": {
         "applied": Label("ok", "●", "applied",
                          "Done: the provider has it (a charge made, a server running, a file "

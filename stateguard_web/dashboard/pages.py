@@ -29,10 +29,10 @@ from stateguard_web.accounts.access import Ability
 from stateguard_web.dashboard import graph, labels, outbox, timeline_svg
 from stateguard_web.dashboard.conversation import Turn, conversation
 from stateguard_web.payments import selectors as payments
-from stateguard_web.payments.ledger import LedgerRow, ledger_rows
 from stateguard_web.runs import runtime, selectors, timeline
 from stateguard_web.runs.filters import DEFAULT_SORT
 from stateguard_web.runs.timeline import Timeline
+from stateguard_web.sagas.ledger import LedgerRow, ledger_rows
 from stateguard_web.sagas.models import (
     Approval,
     Compensation,
@@ -263,7 +263,7 @@ class RunPage:
     steps: list[StepView]
     compensations: list[Compensation]
     effects: list[Effect]
-    ledger: list[LedgerRow]  # the effects with what the ledger says of each (payments.ledger)
+    ledger: list[LedgerRow]  # the effects with what the ledger says of each (sagas.ledger)
     approvals: list[Approval]
     audit: list[Any]
     pending: list[Approval]

@@ -2,7 +2,7 @@
 
 * **Effect ledger** (Payments > effect ledger): every effect, by run, kind and status, with
   what the ledger can vouch for (its state: ``in doubt`` where the undo of its step was tried
-  and did not record undoing it; ``payments.ledger``); a "Refund" action on one charge, and
+  and did not record undoing it; ``sagas.ledger``); a "Refund" action on one charge, and
   "Verify with Stripe".
 * **Runs** (the journal's admin, extended here so that sagas never imports payments): the
   run's effects inline (with their state), a "Refund" action (all its charges) and "Verify
@@ -35,9 +35,9 @@ from stateguard_web.payments import reconcile_stripe, selectors
 from stateguard_web.payments import stripe_client as stripe_module
 from stateguard_web.payments.confirmation import refund_confirm
 from stateguard_web.payments.drift import ReconcileError
-from stateguard_web.payments.ledger import effect_state
 from stateguard_web.payments.models import LedgerEffect
 from stateguard_web.sagas import admin as sagas_admin
+from stateguard_web.sagas.ledger import effect_state
 from stateguard_web.sagas.models import Compensation, Effect, Run
 
 MAX_DRIFT_MESSAGES = 30  # lines shown by "Verify with Stripe"; the command prints them all
@@ -54,7 +54,7 @@ def with_undo_status(effects: QuerySet[Any]) -> QuerySet[Any]:
 
 
 class LedgerState:
-    """The ledger's word for an effect (``payments.ledger.effect_state``), as a column."""
+    """The ledger's word for an effect (``sagas.ledger.effect_state``), as a column."""
 
     @admin.display(description="state")
     def state(self, obj: Effect) -> str:

@@ -23,6 +23,7 @@ from stateguard.records import StepRecord, StepStatus
 from stateguard.tools import tool_nodes, tools_of
 from stateguard_web.lib import rows as sql_rows
 from stateguard_web.runs import agent_map, runtime, versions
+from stateguard_web.sagas import ledger
 from stateguard_web.sagas.models import (
     Approval,
     AuditEvent,
@@ -406,17 +407,22 @@ def run_detail(*, run: Run) -> dict[str, Any]:
     ``run_get(detail=True)`` has them already (PostgreSQL); another is read here."""
     history = _read_history(run)
     steps = [_shown(s, _STEP) for s in history["steps"]]
+    compensations = [{**_shown(c, _COMPENSATION),
+                      "attempts": [_shown(a, _ATTEMPT) for a in c["attempts"]]}
+                     for c in history["compensations"]]
+    undo = {c["step_id"]: c["status"] for c in compensations}
     return {
         **run_summary(run=run),
         "lease": {"owner": run.lease_owner or None,
                   "expires_at": _iso(run.lease_expires_at),
                   "fencing_token": run.fencing_token},
         "steps": steps,
-        "compensations": [{**_shown(c, _COMPENSATION),
-                           "attempts": [_shown(a, _ATTEMPT) for a in c["attempts"]]}
-                          for c in history["compensations"]],
-        # The ledger: what the run did to the world (charges, refunds) and whether it is undone.
-        "effects": [{**(e := _shown(row, _EFFECT)), "undoes": e["undoes"] or None}
+        "compensations": compensations,
+        # The ledger: what the run did to the world (charges, refunds) and whether it is
+        # undone, in the ledger's word for it as the run page and the admin say it.
+        "effects": [{**(e := _shown(row, _EFFECT)), "undoes": e["undoes"] or None,
+                     "state": ledger.state_of(e["status"], e["undoes"] or None,
+                                              undo.get(e["step_id"]))}
                     for row in history["effects"]],
         "approvals": [{**(a := _shown(row, _APPROVAL)), "decided_by": a["decided_by"] or None}
                       for row in history["approvals"]],

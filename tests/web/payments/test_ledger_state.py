@@ -1,12 +1,15 @@
 """What the ledger can vouch for, in the API and the admin as on the run page
-(``payments.ledger``): an effect whose step's undo was tried and recorded no undo of it is in
+(``sagas.ledger``): an effect whose step's undo was tried and recorded no undo of it is in
 doubt; one whose undo was skipped (not safe in doubt) or never ran stands as the journal says;
 one that undid another says so."""
 
 from __future__ import annotations
 
+import json
 import re
+from io import StringIO
 
+from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -45,13 +48,21 @@ class LedgerStateTests(World):
         effect("attach_address", "elastic_ip", "eipalloc-1", "applied")
         effect("create_record", "dns_record", "web-9.stateguard.test. A", "applied")
 
+    STATES = {"sg-1": "compensated", "sg-1 deleted": "undoes", "i-1": "in_doubt",
+              "eipalloc-1": "applied", "web-9.stateguard.test. A": "applied"}
+
     def test_the_api_gives_each_effect_its_state(self) -> None:
         response = self.call("vera", "GET", f"/api/runs/{self.server.code}")
 
         assert response.status_code == 200
-        assert {e["external_id"]: e["state"] for e in response.json()["effects"]} == {
-            "sg-1": "compensated", "sg-1 deleted": "undoes", "i-1": "in_doubt",
-            "eipalloc-1": "applied", "web-9.stateguard.test. A": "applied"}
+        assert {e["external_id"]: e["state"]
+                for e in response.json()["effects"]} == self.STATES
+
+    def test_manage_py_run_status_gives_each_effect_its_state(self) -> None:
+        out = StringIO()
+        call_command("run_status", str(self.server.code), stdout=out)
+        assert {e["external_id"]: e["state"]
+                for e in json.loads(out.getvalue())["effects"]} == self.STATES
 
     def test_the_ledger_admin_lists_the_state(self) -> None:
         client = Client()

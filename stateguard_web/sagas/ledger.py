@@ -1,6 +1,7 @@
 """What the ledger says of each effect, in the same words for every provider (a Stripe charge, an
-EC2 instance, an S3 delete marker, an e-mail): the one answer the run page, the admin and
-``reconcile_effects`` give.
+EC2 instance, an S3 delete marker, an e-mail): the one answer the run page, the admin, the API,
+``manage.py run_status`` and ``reconcile_effects`` give (beside the journal, so that every
+layer may say it).
 
 The journal keeps each effect's ``status`` (``applied``, ``partially_compensated``,
 ``compensated``, settled by the effects that undo it). What a person needs besides is whether
