@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import gc
 import importlib
+import threading
 import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -270,6 +273,65 @@ def test_it_leaves_a_run_whose_retry_died_to_recovery() -> None:
                                               "pivot, is retried"):
         again.retry(again.compile(line_builder(["a", "b", "c"], effects, {"b": b_body})),
                     config(code))
+
+
+def test_it_commits_a_steps_rows_in_the_order_they_were_taken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two parallel tasks: the saver's write for one takes the other's start while that other
+    runs on; it finishes, and a flush (a tool call's, on its thread's own connection) takes its
+    finish. Had the finish committed first, the start (to ``sagas_journal`` a re-run) would set
+    the step that succeeded back to "started": in doubt, its compensation skipped (seen in
+    test_tool_storage.py's v2 agent under load, about 1 run in 20)."""
+    journal, saver = deferring()
+    code = new_run()
+    assert journal.lock_acquire(code, "w1", 60)  # a first run: its rows wait for the writes
+    journal.step_start(code, "x", "x")
+    took, flush_went = threading.Event(), threading.Event()
+    take, in_order = journal.take_pending, journal.rows_in_order
+
+    def write() -> None:
+        saver.put_writes({"configurable": {"thread_id": code, "checkpoint_ns": "",
+                                           "checkpoint_id": "1"}}, [("log", ["y"])], "task-y")
+
+    writer = threading.Thread(target=write)
+
+    def take_then_pause(run_id: str, *, fence: bool = True) -> Any:
+        pending = take(run_id, fence=fence)
+        if threading.current_thread() is writer and pending and pending[1]:
+            took.set()  # the saver's write carries x's start, not committed yet
+            flush_went.wait()  # until the flush has written x's finish, or waits to
+        return pending
+
+    @contextmanager
+    def flush_turn(run_id: str) -> Iterator[None]:
+        if threading.current_thread() is not writer:
+            lock = journal._in_order[run_id]
+            if lock.acquire(blocking=False):
+                lock.release()  # free: the flush goes first (and sets flush_went when done)
+            else:
+                flush_went.set()  # the flush waits for the write: it may go on
+        with in_order(run_id):
+            yield
+
+    def finish_and_flush() -> None:
+        took.wait()
+        journal.step_finish(code, "x", StepStatus.SUCCEEDED, update={}, state_after={})
+        try:
+            journal.steps(code)  # flushes x's finish on this thread's connection
+        finally:
+            flush_went.set()
+            connection.close()
+
+    monkeypatch.setattr(journal, "take_pending", take_then_pause)
+    monkeypatch.setattr(journal, "rows_in_order", flush_turn)
+    other = threading.Thread(target=finish_and_flush)
+    other.start()
+    writer.start()
+    writer.join()
+    other.join()
+
+    step = Step.objects.get(run__code=code, step_id="x")
+    assert (step.status, step.attempt) == ("succeeded", 1)
 
 
 def test_it_keeps_the_rows_of_a_checkpoint_write_that_failed_for_the_next_one() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import psycopg
@@ -73,19 +73,23 @@ class JournalingPostgresSaver(PostgresSaver):
     def _cursor(self, *, pipeline: bool = False) -> Iterator[Any]:
         run_id = getattr(self._writing, "run_id", None) if pipeline else None
         taken = None
-        try:
-            with super()._cursor(pipeline=pipeline) as cur:
-                yield cur
-                pending = (self.journal.take_pending(run_id, fence=not self._writing.fenced)
-                           if run_id is not None else None)
-                if pending is not None:
-                    statement, taken = pending
-                    cur.execute(*statement)
-            if taken is not None:
-                events.committed()  # the live updates about these rows may go
-        except BaseException as exc:
-            # The rows did not commit. Unless the run is no longer ours, they wait for the
-            # next write: a body that ran stays journaled, late rather than never.
-            if run_id is not None and taken is not None and not is_fenced_out(exc):
-                self.journal.give_back(run_id, taken)
-            raise
+        # Held from before the transaction begins (its checkpoint row takes the run's row lock
+        # through the fence, which a flush waiting on this lock may want) until the rows it
+        # takes committed or went back: no other write of the run takes rows meanwhile.
+        with self.journal.rows_in_order(run_id) if run_id is not None else nullcontext():
+            try:
+                with super()._cursor(pipeline=pipeline) as cur:
+                    yield cur
+                    pending = (self.journal.take_pending(run_id, fence=not self._writing.fenced)
+                               if run_id is not None else None)
+                    if pending is not None:
+                        statement, taken = pending
+                        cur.execute(*statement)
+            except BaseException as exc:
+                # The rows did not commit. Unless the run is no longer ours, they wait for the
+                # next write: a body that ran stays journaled, late rather than never.
+                if run_id is not None and taken is not None and not is_fenced_out(exc):
+                    self.journal.give_back(run_id, taken)
+                raise
+        if taken is not None:
+            events.committed()  # the live updates about these rows may go

@@ -33,6 +33,7 @@ no saved result either, would run it.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -215,6 +216,10 @@ class DjangoJournal:
         self._fences: dict[str, int] = {}  # run id -> fencing token held by this journal
         self.defers_steps = defer_steps
         self._buffer = StepBuffer()
+        # Per run: held from taking its pending rows until the write that carries them has
+        # committed or given them back (``rows_in_order``).
+        self._in_order: dict[str, threading.RLock] = {}
+        self._in_order_guard = threading.Lock()
         # Runs whose lease this journal took while they were pending: their first run, where
         # every step is new and LangGraph's checkpoints hold the whole history. Only there do
         # step rows and the move to running wait for the checkpoint writes; a run resumed
@@ -252,6 +257,22 @@ class DjangoJournal:
     def give_back(self, run_id: str, taken: Taken) -> None:
         self._buffer.give_back(run_id, taken)
 
+    @contextmanager
+    def rows_in_order(self, run_id: str) -> Iterator[None]:
+        """Hold around ``take_pending`` and the write that carries what it took, until that
+        write committed (or gave it back): the run's rows then commit in the order taken.
+
+        The saver's writes go on pool connections and flushes on each thread's own: two
+        writes that took a step's start (taken while it ran) and then its finish could
+        otherwise commit finish first, and the start, to ``sagas_journal`` a re-run, would set
+        the step that succeeded back to "started" (attempt 2), its compensation skipped as in
+        doubt. A flush inside a transaction of the caller's commits later, with it: none
+        does. Reentrant: a write may flush on its own thread."""
+        with self._in_order_guard:
+            lock = self._in_order.setdefault(run_id, threading.RLock())
+        with lock:
+            yield
+
     def holds(self, run_id: str) -> bool:
         """Whether the run has a status or step rows not written yet (live updates about them
         wait for the write that carries them: ``events.watch_journal``)."""
@@ -261,18 +282,19 @@ class DjangoJournal:
         """Write the run's pending status and step rows now, on this thread's connection."""
         if not self.defers_steps:
             return
-        pending = self.take_pending(run_id, fence=False)
-        if pending is None:
-            return
-        statement, taken = pending
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(*statement)
-        except DatabaseError as exc:
-            if is_fenced_out(exc):
-                raise LeaseLost(run_id) from exc
-            self.give_back(run_id, taken)
-            raise
+        with self.rows_in_order(run_id):
+            pending = self.take_pending(run_id, fence=False)
+            if pending is None:
+                return
+            statement, taken = pending
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(*statement)
+            except DatabaseError as exc:
+                if is_fenced_out(exc):
+                    raise LeaseLost(run_id) from exc
+                self.give_back(run_id, taken)
+                raise
         if taken is not None:
             events.committed()  # autocommit: written
 
@@ -432,6 +454,8 @@ class DjangoJournal:
             pass
         finally:
             self._buffer.forget(run_id)
+            with self._in_order_guard:
+                self._in_order.pop(run_id, None)  # nothing is left to write in order
             self._fresh.discard(run_id)
             self._locked.pop(run_id, None)
             self._stop_seen.pop(run_id, None)
