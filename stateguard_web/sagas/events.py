@@ -23,6 +23,7 @@ from django.conf import settings
 from django.db import transaction
 
 from stateguard import Event
+from stateguard_web.lib import redis_client
 
 logger = logging.getLogger("stateguard.events")
 ALL_RUNS_GROUP = "runs"
@@ -207,7 +208,7 @@ def _position_client() -> redis.Redis | None:
     address = host.get("address") if isinstance(host, dict) else host
     if not isinstance(address, str):
         return None
-    return redis.Redis.from_url(address, socket_timeout=0.5, socket_connect_timeout=0.5)
+    return redis_client.client(address, timeout=0.5)  # a page's render waits no longer
 
 
 def position() -> int | None:

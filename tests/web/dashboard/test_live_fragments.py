@@ -164,15 +164,25 @@ def waiting(shared: live.SharedRenders, count: int) -> None:
         time.sleep(0.01)
 
 
-def test_requests_that_came_during_a_render_share_the_next_one() -> None:
-    shared, renders, answers = live.SharedRenders(), Renders(), {}
-    first = ask(shared, "page", renders, answers, "first")
+def during_a_render(renders: Renders, seen: list[int | None],
+                    first_seen: int | None = None) -> dict[str, Any]:
+    """What a request ("first") and then, while its render is under way, one request per item
+    of ``seen`` ("later0"...) were answered, once they waited and the render was let go."""
+    shared, answers = live.SharedRenders(), {}
+    first = ask(shared, "page", renders, answers, "first", seen=first_seen)
     assert renders.started.wait(10)
-    later = [ask(shared, "page", renders, answers, f"later{i}") for i in range(5)]
-    waiting(shared, 5)
+    later = [ask(shared, "page", renders, answers, f"later{i}", seen=said)
+             for i, said in enumerate(seen)]
+    waiting(shared, len(seen))
     renders.go.set()
     for thread in [first, *later]:
         thread.join(10)
+    return answers
+
+
+def test_requests_that_came_during_a_render_share_the_next_one() -> None:
+    renders = Renders()
+    answers = during_a_render(renders, [None] * 5)
     # The render under way started before they came, so it may not hold what they react to.
     assert answers == {"first": "render 1", **{f"later{i}": "render 2" for i in range(5)}}
     assert renders.count == 2
@@ -202,19 +212,11 @@ def test_a_request_that_saw_events_takes_a_render_that_noted_them() -> None:
 
 
 def test_requests_that_saw_events_wait_for_the_render_under_way_if_it_may_hold_them() -> None:
-    shared, renders, answers = live.SharedRenders(), Renders(seq=5), {}
-    first = ask(shared, "page", renders, answers, "first", seen=5)
-    assert renders.started.wait(10)
-    later = [ask(shared, "page", renders, answers, f"later{i}", seen=4 + i % 2)
-             for i in range(4)]
-    newer = ask(shared, "page", renders, answers, "newer", seen=6)
-    waiting(shared, 5)
-    renders.go.set()
-    for thread in [first, *later, newer]:
-        thread.join(10)
+    renders = Renders(seq=5)
+    answers = during_a_render(renders, [4, 5, 4, 5, 6], first_seen=5)  # later4 saw more
     # The render under way held what the later ones saw: they rendered nothing (one may have
     # woken after the newer one's render, which holds it too).
-    assert answers["first"] == "render 1" and answers["newer"] == "render 2"
+    assert answers["first"] == "render 1" and answers["later4"] == "render 2"
     assert {answers[f"later{i}"] for i in range(4)} <= {"render 1", "render 2"}
     assert renders.count == 2
 
@@ -232,15 +234,9 @@ def test_keys_do_not_wait_for_each_other() -> None:
 
 
 def test_a_failed_render_fails_its_own_request_and_the_others_render() -> None:
-    shared, renders, answers = live.SharedRenders(), Renders(), {}
+    renders = Renders()
     renders.fail = True
-    first = ask(shared, "page", renders, answers, "first")
-    assert renders.started.wait(10)
-    later = [ask(shared, "page", renders, answers, f"later{i}") for i in range(3)]
-    waiting(shared, 3)
-    renders.go.set()
-    for thread in [first, *later]:
-        thread.join(10)
+    answers = during_a_render(renders, [None] * 3)
     assert all(isinstance(a, RuntimeError) for a in answers.values()) and len(answers) == 4
     assert str(answers["first"]) == "render 1 failed"
     # Each waiting request tried in its turn; none took another's failure for an answer.
